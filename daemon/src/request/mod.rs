@@ -1,0 +1,148 @@
+//! Request types shared by every stage: ids, validated sampling parameters, the
+//! validated generate request and the events streamed back to the client.
+//!
+//! Wire types (all `Option`s) live in `api`; by the time a request reaches the
+//! tokenizer it has been validated into these concrete types.
+
+use std::fmt;
+
+use tokio::sync::mpsc;
+
+use crate::error::InferError;
+
+/// Identifier of an accepted sequence inside the engine, unique for the daemon's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq{}", self.0)
+    }
+}
+
+/// One chat message after validation. `content` is the concatenation of the text
+/// parts when the client sent a list of parts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, ...: passed to the template as given.
+    pub role: String,
+    /// Message text. Special-token strings inside it are encoded as plain text.
+    pub content: String,
+}
+
+/// What to generate from: chat messages rendered by the model's template, or a raw prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    /// Rendered with the chat template and `add_generation_prompt = true`.
+    Messages(Vec<ChatMessage>),
+    /// Raw completion: the text is tokenized as is (special-token text stays plain text).
+    Text(String),
+}
+
+/// Validated sampling parameters (names as in llama.cpp / vLLM).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `0.0` means greedy (argmax). Bound: `[0, 100]`.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` disables. Bound: `[0, vocab]`.
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set with cumulative probability ≥ `top_p`.
+    /// Bound: `(0, 1]`; `1.0` disables (Holtzman et al. 2019).
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p × p_max`. Bound: `[0, 1]`; `0` disables.
+    pub min_p: f32,
+    /// Seed of this request's own RNG: same seed and prompt → same tokens.
+    pub seed: u64,
+    /// Maximum number of generated tokens (≥ 1); also capped by the context window.
+    pub max_tokens: usize,
+    /// Stop sequences: matched on the decoded text across token boundaries and cut
+    /// from the output.
+    pub stop: Vec<String>,
+}
+
+impl SamplingParams {
+    /// Whether sampling reduces to argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+/// A validated generate request as it enters the tokenizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    /// The client's id for this request (unique among its connection's active requests).
+    pub client_id: String,
+    /// Prompt source.
+    pub input: PromptInput,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+}
+
+/// Why generation ended (`done.finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS / end-of-turn token or a stop sequence.
+    Stop,
+    /// `max_tokens` reached or the context window is full.
+    Length,
+    /// Cancelled by the client (or its connection closed).
+    Cancelled,
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated (including a final EOS token, which is not streamed as text).
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of prefill.
+    pub cached_tokens: usize,
+}
+
+/// Timings of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Timings {
+    /// Time to first token: from acceptance to the first sampled token, in milliseconds.
+    pub ttft_ms: f64,
+    /// Decode speed after the first token, in tokens per second (0 when fewer than 2 tokens).
+    pub decode_tokens_per_s: f64,
+}
+
+/// What the engine sends back on a request's own event channel, in order:
+/// `Started`, zero or more `Delta`, then exactly one `Done` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// The prompt was tokenized and admitted.
+    Started {
+        /// Prompt length in tokens.
+        prompt_tokens: usize,
+        /// Prompt tokens served from the prefix cache.
+        cached_tokens: usize,
+    },
+    /// New text: whole UTF-8 characters only, never part of a stop sequence.
+    Delta {
+        /// Text released by this step (may be empty when only held back).
+        text: String,
+        /// Token ids sampled since the previous delta.
+        token_ids: Vec<u32>,
+    },
+    /// Generation ended normally or by cancellation.
+    Done {
+        /// Why it ended.
+        finish_reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+        /// TTFT and decode speed.
+        timings: Timings,
+    },
+    /// The request failed; nothing more follows.
+    Error(InferError),
+}
+
+/// Sender half of a request's event channel. Unbounded: the engine never blocks on a
+/// slow client; the session drops events of a closed connection.
+pub type EventSender = mpsc::UnboundedSender<StreamEvent>;
+/// Receiver half of a request's event channel.
+pub type EventReceiver = mpsc::UnboundedReceiver<StreamEvent>;
