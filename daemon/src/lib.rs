@@ -5,10 +5,18 @@
 //! → `sampling` → `detokenizer` → the request's own event channel → client.
 
 pub mod api;
+pub mod app;
+pub mod config;
 pub mod detokenizer;
 pub mod error;
+pub mod model;
+pub mod model_runner;
 pub mod request;
 pub mod sampling;
+pub mod scheduler;
+pub mod server;
+pub mod shutdown;
+pub mod telemetry;
 pub mod tokenizer;
 
 #[cfg(test)]

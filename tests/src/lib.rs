@@ -1,1 +1,318 @@
-//! e2e helpers
+//! End-to-end test support: starts the real `inferd` binary on `127.0.0.1:0` with the
+//! real model and talks to it over a real WebSocket.
+//!
+//! The binary must be built first (`cargo build --workspace --bins`, which
+//! `scripts/test.sh` does); the harness finds it next to the test executable's folder.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// File name of the default model.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// The default model: `$INFERD_TEST_MODEL`, `models/`, or `../shared/models/`.
+///
+/// # Panics
+/// When it is in none of them (run `scripts/fetch-model.sh`).
+pub fn model_path() -> PathBuf {
+    if let Ok(p) = std::env::var("INFERD_TEST_MODEL") {
+        return PathBuf::from(p);
+    }
+    let root = workspace_root();
+    for c in [
+        root.join("models").join(DEFAULT_MODEL_FILE),
+        root.join("../shared/models").join(DEFAULT_MODEL_FILE),
+    ] {
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!("default model not found: run scripts/fetch-model.sh");
+}
+
+/// Parsed `../shared/fixtures/<rel>`.
+///
+/// # Panics
+/// When missing or not JSON.
+pub fn fixture(rel: &str) -> Value {
+    let p = workspace_root().join("../shared/fixtures").join(rel);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Path of the built `inferd` binary (`target/<profile>/inferd`).
+///
+/// # Panics
+/// When it has not been built.
+pub fn inferd_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test-exe> -> target/<profile>/inferd
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join(format!("inferd{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.is_file(),
+        "{} not found: build it first with `cargo build --workspace --bins`",
+        bin.display()
+    );
+    bin
+}
+
+/// A running daemon; killed on drop.
+pub struct Daemon {
+    child: Child,
+    /// `ws://127.0.0.1:PORT/v1/ws`.
+    pub url: String,
+    /// stderr lines collected so far are available through [`Daemon::stderr_tail`].
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Starts `inferd serve --config configs/test.toml --model <default> --listen 127.0.0.1:0`
+    /// with extra environment variables, and waits until it listens.
+    pub fn start_with_env(env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_args(&[], env)
+    }
+
+    /// Starts with the default test settings.
+    pub fn start() -> Result<Self> {
+        Self::start_args(&[], &[])
+    }
+
+    /// Starts with extra CLI arguments and environment variables.
+    pub fn start_args(args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let root = workspace_root();
+        let mut cmd = Command::new(inferd_binary());
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(root.join("configs/test.toml"))
+            .arg("--model")
+            .arg(model_path())
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().context("spawning inferd")?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lines2 = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut l) = lines2.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("inferd: listening on ") {
+                    let _ = tx.send(url.trim().to_string());
+                }
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(u) => u,
+            Err(_) => {
+                let _ = child.kill();
+                let tail = lines.lock().map(|l| l.join("\n")).unwrap_or_default();
+                bail!("inferd did not start listening; stderr:\n{tail}");
+            }
+        };
+        Ok(Self {
+            child,
+            url,
+            stderr: lines,
+        })
+    }
+
+    /// Collected stderr output.
+    pub fn stderr_tail(&self) -> String {
+        self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Opens a WebSocket connection.
+    pub async fn connect(&self) -> Result<Client> {
+        Client::connect(&self.url).await
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `inferd serve` expecting it to fail at start-up; returns (exit code, stderr).
+pub fn start_failure(args: &[&str], env: &[(&str, &str)]) -> Result<(Option<i32>, String)> {
+    let mut cmd = Command::new(inferd_binary());
+    cmd.arg("serve").args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().context("running inferd")?;
+    Ok((out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+/// A WebSocket client speaking protocol v1.
+pub struct Client {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl Client {
+    /// Connects to `url`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.context("connect")?;
+        Ok(Self { ws })
+    }
+
+    /// Sends a JSON value as a text frame.
+    pub async fn send(&mut self, v: &Value) -> Result<()> {
+        self.send_text(&v.to_string()).await
+    }
+
+    /// Sends raw text.
+    pub async fn send_text(&mut self, s: &str) -> Result<()> {
+        self.ws.send(Message::text(s.to_string())).await?;
+        Ok(())
+    }
+
+    /// Sends a binary frame.
+    pub async fn send_binary(&mut self, b: Vec<u8>) -> Result<()> {
+        self.ws.send(Message::binary(b)).await?;
+        Ok(())
+    }
+
+    /// Next JSON frame (60 s timeout).
+    pub async fn recv(&mut self) -> Result<Value> {
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(60), self.ws.next())
+                .await
+                .map_err(|_| anyhow!("timed out waiting for a frame"))?
+                .ok_or_else(|| anyhow!("connection closed"))??;
+            match msg {
+                Message::Text(t) => return Ok(serde_json::from_str(t.as_str())?),
+                Message::Close(_) => bail!("connection closed"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Closes the connection.
+    pub async fn close(mut self) -> Result<()> {
+        self.ws.close(None).await?;
+        Ok(())
+    }
+
+    /// Sends `req` and collects its frames until `done` or `error` for its id.
+    pub async fn generate(&mut self, req: Value) -> Result<Generation> {
+        let id = req["id"].as_str().ok_or_else(|| anyhow!("request needs an id"))?.to_string();
+        self.send(&req).await?;
+        let mut g = Generation::default();
+        loop {
+            let f = self.recv().await?;
+            if f["id"].as_str() != Some(id.as_str()) {
+                bail!("unexpected frame for another id: {f}");
+            }
+            if g.absorb(f) {
+                return Ok(g);
+            }
+        }
+    }
+
+    /// Greedy chat request with `messages`.
+    pub async fn chat_greedy(&mut self, id: &str, messages: Value, max_tokens: u64) -> Result<Generation> {
+        self.generate(json!({"type":"generate","id":id,"messages":messages,"max_tokens":max_tokens,"temperature":0}))
+            .await
+    }
+}
+
+/// The frames of one request, collected.
+#[derive(Debug, Default, Clone)]
+pub struct Generation {
+    /// The `started` frame.
+    pub started: Option<Value>,
+    /// Concatenated delta texts.
+    pub text: String,
+    /// Each delta's text, in order.
+    pub deltas: Vec<String>,
+    /// Concatenated delta token ids.
+    pub token_ids: Vec<u32>,
+    /// The `done` frame.
+    pub done: Option<Value>,
+    /// The `error` frame.
+    pub error: Option<Value>,
+}
+
+impl Generation {
+    /// Adds a frame; returns true once it is the final one.
+    pub fn absorb(&mut self, f: Value) -> bool {
+        match f["type"].as_str() {
+            Some("started") => self.started = Some(f),
+            Some("delta") => {
+                let t = f["text"].as_str().unwrap_or_default().to_string();
+                self.text.push_str(&t);
+                self.deltas.push(t);
+                if let Some(ids) = f["token_ids"].as_array() {
+                    self.token_ids.extend(ids.iter().filter_map(|x| x.as_u64()).map(|x| x as u32));
+                }
+            }
+            Some("done") => {
+                self.done = Some(f);
+                return true;
+            }
+            Some("error") => {
+                self.error = Some(f);
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// `done.finish_reason`.
+    pub fn finish_reason(&self) -> Option<&str> {
+        self.done.as_ref().and_then(|d| d["finish_reason"].as_str())
+    }
+
+    /// `error.error.type`.
+    pub fn error_type(&self) -> Option<&str> {
+        self.error.as_ref().and_then(|e| e["error"]["type"].as_str())
+    }
+}
+
+/// Token ids of a JSON array.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect())
+        .unwrap_or_default()
+}

@@ -1,1 +1,112 @@
-//! api
+//! The WebSocket protocol v1 at the edge of the daemon (see `docs/protocol.md`).
+//!
+//! - [`validate`] turns one client text frame into a validated [`ClientMessage`] (or an
+//!   [`ApiError`]): this is the only place client input is checked; everything after it
+//!   works on concrete, in-range values.
+//! - [`wire`] renders server frames, and is the one place that maps
+//!   [`InferError`] to the wire (`{"type":"error","id":...,"error":{"type":TAG,"message":...}}`).
+
+pub mod validate;
+pub mod wire;
+
+use crate::error::InferError;
+use crate::request::GenerateRequest;
+
+pub use validate::parse_client_message;
+pub use wire::{error_frame, event_frame, text_frame, tokens_frame};
+
+/// Sampling values applied when a `generate` message leaves a field out (from the
+/// daemon config, section `[sampling]` or similar).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingDefaults {
+    /// Default softmax temperature (`0.8`). Bound: `[0, 100]`.
+    pub temperature: f32,
+    /// Default top-k (`40`); `0` disables. Bound: `[0, vocab size]`.
+    pub top_k: usize,
+    /// Default nucleus threshold (`0.95`). Bound: `(0, 1]`.
+    pub top_p: f32,
+    /// Default min-p (`0.05`). Bound: `[0, 1]`.
+    pub min_p: f32,
+    /// Default maximum number of generated tokens (`256`). Bound: `[1, 1000000]`.
+    pub max_tokens: usize,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            max_tokens: 256,
+        }
+    }
+}
+
+impl SamplingDefaults {
+    /// Checks the defaults against the same bounds a client value must meet, so a bad
+    /// config fails at startup instead of on every request. Messages are prefixed
+    /// with `default `.
+    pub fn check(&self, vocab_size: usize) -> Result<(), InferError> {
+        validate::check_defaults(self, vocab_size)
+    }
+}
+
+/// A validated client frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientMessage {
+    /// `generate`: start a new request (defaults applied, seed chosen).
+    Generate(GenerateRequest),
+    /// `cancel`: stop the active request with this id.
+    Cancel {
+        /// The id of the request to cancel.
+        id: String,
+    },
+    /// `tokenize`: encode `text` and answer with a `tokens` frame.
+    Tokenize {
+        /// The client's id for this call, echoed in the answer.
+        id: String,
+        /// Text to encode.
+        text: String,
+        /// Whether special-token text (e.g. `<|eot_id|>`) maps to its control id
+        /// (default `false`: it is encoded as plain text).
+        special: bool,
+    },
+    /// `detokenize`: decode `token_ids` and answer with a `text` frame.
+    Detokenize {
+        /// The client's id for this call, echoed in the answer.
+        id: String,
+        /// Token ids, each below the vocabulary size.
+        token_ids: Vec<u32>,
+    },
+}
+
+impl ClientMessage {
+    /// The client-chosen id of this message.
+    pub fn id(&self) -> &str {
+        match self {
+            ClientMessage::Generate(req) => &req.client_id,
+            ClientMessage::Cancel { id }
+            | ClientMessage::Tokenize { id, .. }
+            | ClientMessage::Detokenize { id, .. } => id,
+        }
+    }
+}
+
+/// A client frame that failed to parse or validate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct ApiError {
+    /// The frame's `id` when it could be read (a valid id string), else `None`.
+    pub id: Option<String>,
+    /// What was wrong (always [`crate::error::ErrorKind::Validation`] from the parser).
+    pub error: InferError,
+}
+
+impl ApiError {
+    /// The `error` frame to send back for this failure.
+    pub fn to_frame(&self) -> String {
+        error_frame(self.id.as_deref(), &self.error)
+    }
+}

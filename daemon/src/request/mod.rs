@@ -5,6 +5,8 @@
 //! tokenizer it has been validated into these concrete types.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
@@ -13,6 +15,38 @@ use crate::error::InferError;
 /// Identifier of an accepted sequence inside the engine, unique for the daemon's lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
+
+static NEXT_SEQ_ID: AtomicU64 = AtomicU64::new(1);
+
+impl SeqId {
+    /// A fresh id, never handed out before in this process.
+    pub fn next() -> Self {
+        SeqId(NEXT_SEQ_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Cancellation flag shared by the connection that owns a request and every stage that
+/// holds it. Set by a client `cancel` or a closed connection; the scheduler checks it
+/// before every step and frees the sequence.
+#[derive(Debug, Clone, Default)]
+pub struct CancelFlag(Arc<AtomicBool>);
+
+impl CancelFlag {
+    /// A flag that is not set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests cancellation.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 impl fmt::Display for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,1 +1,10 @@
-//! sampling
+//! Sampling: turns one sequence's logits row into the next token id.
+//!
+//! - [`processors`]: native truncation processors (top-k, top-p, min-p, temperature)
+//!   and the inverse-CDF draw, in llama.cpp's semantics.
+//! - [`sampler`]: [`Sampler`], one per sequence, with its own seeded RNG.
+
+pub mod processors;
+pub mod sampler;
+
+pub use sampler::{argmax, Sampler};

@@ -1,0 +1,637 @@
+//! Parsing and validation of client frames: JSON text → [`ClientMessage`].
+//!
+//! The frame is parsed into a `serde_json::Value` and walked by hand so every error
+//! names the field, the expected type or bound, and the value given. Unknown fields
+//! are rejected everywhere. A JSON `null` counts as absent for optional fields.
+//! Nothing here panics, whatever the input.
+
+use serde_json::{Map, Number, Value};
+
+use super::{ApiError, ClientMessage, SamplingDefaults};
+use crate::error::InferError;
+use crate::request::{ChatMessage, GenerateRequest, PromptInput, SamplingParams};
+
+/// Longest accepted `id`, in characters.
+pub const MAX_ID_CHARS: usize = 256;
+/// Upper bound of `max_tokens` (the context window caps it further, later).
+pub const MAX_MAX_TOKENS: u64 = 1_000_000;
+/// Upper bound of `temperature`.
+pub const MAX_TEMPERATURE: f64 = 100.0;
+/// Most stop sequences per request.
+pub const MAX_STOP_SEQUENCES: usize = 16;
+/// Longest stop sequence, in bytes of UTF-8.
+pub const MAX_STOP_BYTES: usize = 512;
+
+/// Longest rendering of a client value quoted back in an error message.
+const MAX_QUOTED_CHARS: usize = 64;
+
+const GENERATE_FIELDS: &[&str] = &[
+    "type",
+    "id",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "stop",
+];
+const CANCEL_FIELDS: &[&str] = &["type", "id"];
+const TOKENIZE_FIELDS: &[&str] = &["type", "id", "text", "special"];
+const DETOKENIZE_FIELDS: &[&str] = &["type", "id", "token_ids"];
+const MESSAGE_FIELDS: &[&str] = &["role", "content"];
+const PART_FIELDS: &[&str] = &["type", "text"];
+
+type VResult<T> = Result<T, InferError>;
+
+/// Parses and validates one client text frame.
+///
+/// `defaults` fill the sampling fields a `generate` leaves out; an absent `seed` is
+/// drawn at random. `vocab_size` bounds `top_k` and detokenize ids. Every failure is
+/// an [`ErrorKind::Validation`](crate::error::ErrorKind::Validation) error carrying the
+/// frame's `id` when one could be read.
+pub fn parse_client_message(
+    frame: &str,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ClientMessage, ApiError> {
+    let value: Value = serde_json::from_str(frame).map_err(|e| ApiError {
+        id: None,
+        error: InferError::validation(format!("malformed JSON: {e}")),
+    })?;
+    let Value::Object(obj) = &value else {
+        return Err(ApiError {
+            id: None,
+            error: InferError::validation(format!(
+                "frame must be a JSON object (got {})",
+                quote(&value)
+            )),
+        });
+    };
+    // Read the id first so that every later error can name the request it is about.
+    let id = parse_id(obj);
+    let readable_id = id.as_ref().ok().cloned();
+    let with_id = |error: InferError| ApiError {
+        id: readable_id.clone(),
+        error,
+    };
+    let kind = message_type(obj).map_err(with_id)?;
+    let id = id.map_err(with_id)?;
+    let result = match kind {
+        MessageType::Generate => parse_generate(obj, id, defaults, vocab_size),
+        MessageType::Cancel => check_fields(obj, CANCEL_FIELDS, "cancel message")
+            .map(|()| ClientMessage::Cancel { id }),
+        MessageType::Tokenize => parse_tokenize(obj, id),
+        MessageType::Detokenize => parse_detokenize(obj, id, vocab_size),
+    };
+    result.map_err(with_id)
+}
+
+/// Checks configured defaults against the client bounds (see [`SamplingDefaults::check`]).
+pub(super) fn check_defaults(d: &SamplingDefaults, vocab_size: usize) -> VResult<()> {
+    let prefixed = |e: InferError| InferError::validation(format!("default {}", e.message));
+    let float = |v: f32| Number::from_f64(f64::from(v)).map_or(Value::Null, Value::Number);
+    let mut obj = Map::new();
+    obj.insert("temperature".into(), float(d.temperature));
+    obj.insert("top_p".into(), float(d.top_p));
+    obj.insert("min_p".into(), float(d.min_p));
+    obj.insert("top_k".into(), Value::from(d.top_k as u64));
+    obj.insert("max_tokens".into(), Value::from(d.max_tokens as u64));
+    for (field, v) in [
+        ("temperature", d.temperature),
+        ("top_p", d.top_p),
+        ("min_p", d.min_p),
+    ] {
+        if !v.is_finite() {
+            return Err(InferError::validation(format!(
+                "default {field} must be a finite number (got {v})"
+            )));
+        }
+    }
+    // The same parser as for a client frame, with the defaults as the frame's values.
+    let fallback = SamplingDefaults::default();
+    parse_sampling(&obj, &fallback, vocab_size)
+        .map(|_| ())
+        .map_err(prefixed)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum MessageType {
+    Generate,
+    Cancel,
+    Tokenize,
+    Detokenize,
+}
+
+fn message_type(obj: &Map<String, Value>) -> VResult<MessageType> {
+    match obj.get("type") {
+        None | Some(Value::Null) => Err(InferError::validation(
+            "missing field \"type\" (expected one of generate, cancel, tokenize, detokenize)",
+        )),
+        Some(Value::String(s)) => match s.as_str() {
+            "generate" => Ok(MessageType::Generate),
+            "cancel" => Ok(MessageType::Cancel),
+            "tokenize" => Ok(MessageType::Tokenize),
+            "detokenize" => Ok(MessageType::Detokenize),
+            _ => Err(InferError::validation(format!(
+                "unknown message type {} (expected one of generate, cancel, tokenize, detokenize)",
+                quote_str(s)
+            ))),
+        },
+        Some(other) => Err(InferError::validation(format!(
+            "type must be a string (got {})",
+            quote(other)
+        ))),
+    }
+}
+
+fn parse_id(obj: &Map<String, Value>) -> VResult<String> {
+    match obj.get("id") {
+        None | Some(Value::Null) => Err(InferError::validation("missing field \"id\"")),
+        Some(Value::String(s)) if s.is_empty() => {
+            Err(InferError::validation("id must be a non-empty string"))
+        }
+        Some(Value::String(s)) => {
+            let chars = s.chars().count();
+            if chars > MAX_ID_CHARS {
+                Err(InferError::validation(format!(
+                    "id must be at most {MAX_ID_CHARS} characters (got {chars})"
+                )))
+            } else {
+                Ok(s.clone())
+            }
+        }
+        Some(other) => Err(InferError::validation(format!(
+            "id must be a string (got {})",
+            quote(other)
+        ))),
+    }
+}
+
+/// Rejects any key of `obj` not in `allowed`; `what` names the object in the message.
+fn check_fields(obj: &Map<String, Value>, allowed: &[&str], what: &str) -> VResult<()> {
+    match obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(key) => Err(InferError::validation(format!(
+            "unknown field {} in {what} (allowed: {})",
+            quote_str(key),
+            allowed.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// An optional field: absent and `null` both read as `None`.
+fn optional<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+fn parse_generate(
+    obj: &Map<String, Value>,
+    id: String,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> VResult<ClientMessage> {
+    check_fields(obj, GENERATE_FIELDS, "generate message")?;
+    let input = match (optional(obj, "messages"), optional(obj, "prompt")) {
+        (Some(_), Some(_)) => {
+            return Err(InferError::validation(
+                "exactly one of messages or prompt is allowed (got both)",
+            ))
+        }
+        (None, None) => {
+            return Err(InferError::validation(
+                "exactly one of messages or prompt is required (got neither)",
+            ))
+        }
+        (Some(messages), None) => PromptInput::Messages(parse_messages(messages)?),
+        (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
+    };
+    let sampling = parse_sampling(obj, defaults, vocab_size)?;
+    Ok(ClientMessage::Generate(GenerateRequest {
+        client_id: id,
+        input,
+        sampling,
+    }))
+}
+
+fn parse_prompt(v: &Value) -> VResult<String> {
+    match v {
+        Value::String(s) if s.is_empty() => {
+            Err(InferError::validation("prompt must be a non-empty string"))
+        }
+        Value::String(s) => Ok(s.clone()),
+        other => Err(InferError::validation(format!(
+            "prompt must be a string (got {})",
+            quote(other)
+        ))),
+    }
+}
+
+fn parse_messages(v: &Value) -> VResult<Vec<ChatMessage>> {
+    let Value::Array(items) = v else {
+        return Err(InferError::validation(format!(
+            "messages must be an array of messages (got {})",
+            quote(v)
+        )));
+    };
+    if items.is_empty() {
+        return Err(InferError::validation(
+            "messages must be a non-empty array (got [])",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| parse_message(i, item))
+        .collect()
+}
+
+fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
+    let Value::Object(obj) = v else {
+        return Err(InferError::validation(format!(
+            "messages[{i}] must be an object with role and content (got {})",
+            quote(v)
+        )));
+    };
+    check_fields(obj, MESSAGE_FIELDS, &format!("messages[{i}]"))?;
+    let role = match obj.get("role") {
+        None => {
+            return Err(InferError::validation(format!(
+                "messages[{i}] is missing field \"role\""
+            )))
+        }
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(InferError::validation(format!(
+                "messages[{i}].role must be a non-empty string"
+            )))
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(InferError::validation(format!(
+                "messages[{i}].role must be a string (got {})",
+                quote(other)
+            )))
+        }
+    };
+    let content = match obj.get("content") {
+        None => {
+            return Err(InferError::validation(format!(
+                "messages[{i}] is missing field \"content\""
+            )))
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parse_parts(i, parts)?,
+        Some(other) => {
+            return Err(InferError::validation(format!(
+                "messages[{i}].content must be a string or an array of text parts (got {})",
+                quote(other)
+            )))
+        }
+    };
+    Ok(ChatMessage { role, content })
+}
+
+/// Concatenates the texts of `[{"type":"text","text":"..."}, ...]`.
+fn parse_parts(i: usize, parts: &[Value]) -> VResult<String> {
+    let mut content = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        let Value::Object(obj) = part else {
+            return Err(InferError::validation(format!(
+                "{at} must be an object {{\"type\":\"text\",\"text\":...}} (got {})",
+                quote(part)
+            )));
+        };
+        check_fields(obj, PART_FIELDS, &at)?;
+        match obj.get("type") {
+            Some(Value::String(t)) if t == "text" => {}
+            None => {
+                return Err(InferError::validation(format!(
+                    "{at} is missing field \"type\" (expected \"text\")"
+                )))
+            }
+            Some(other) => {
+                return Err(InferError::validation(format!(
+                    "{at}.type must be \"text\" (got {}): only text parts are supported",
+                    quote(other)
+                )))
+            }
+        }
+        match obj.get("text") {
+            Some(Value::String(t)) => content.push_str(t),
+            None => {
+                return Err(InferError::validation(format!(
+                    "{at} is missing field \"text\""
+                )))
+            }
+            Some(other) => {
+                return Err(InferError::validation(format!(
+                    "{at}.text must be a string (got {})",
+                    quote(other)
+                )))
+            }
+        }
+    }
+    Ok(content)
+}
+
+fn parse_sampling(
+    obj: &Map<String, Value>,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> VResult<SamplingParams> {
+    let temperature = match optional(obj, "temperature") {
+        None => defaults.temperature,
+        Some(v) => {
+            let (t, text) = number("temperature", v)?;
+            if t.is_nan() || t < 0.0 {
+                return Err(InferError::validation(format!(
+                    "temperature must be >= 0 (got {text})"
+                )));
+            }
+            if t > MAX_TEMPERATURE {
+                return Err(InferError::validation(format!(
+                    "temperature must be <= {MAX_TEMPERATURE} (got {text})"
+                )));
+            }
+            t as f32
+        }
+    };
+    let top_k = match optional(obj, "top_k") {
+        None => defaults.top_k,
+        Some(v) => {
+            let k = unsigned("top_k", v, 0, vocab_size as u64, "the vocabulary size ")?;
+            // k <= vocab_size, which is a usize.
+            usize::try_from(k).unwrap_or(vocab_size)
+        }
+    };
+    let top_p = match optional(obj, "top_p") {
+        None => defaults.top_p,
+        Some(v) => {
+            let (p, text) = number("top_p", v)?;
+            let p32 = p as f32;
+            // Checked on the f32 too: 1e-300 > 0 but rounds to 0.0f32.
+            let in_range = p > 0.0 && p <= 1.0 && p32 > 0.0;
+            if !in_range {
+                return Err(InferError::validation(format!(
+                    "top_p must be in (0, 1] (got {text})"
+                )));
+            }
+            p32.min(1.0)
+        }
+    };
+    let min_p = match optional(obj, "min_p") {
+        None => defaults.min_p,
+        Some(v) => {
+            let (p, text) = number("min_p", v)?;
+            if !(0.0..=1.0).contains(&p) {
+                return Err(InferError::validation(format!(
+                    "min_p must be in [0, 1] (got {text})"
+                )));
+            }
+            (p as f32).clamp(0.0, 1.0)
+        }
+    };
+    let seed = match optional(obj, "seed") {
+        None => rand::random::<u64>(),
+        Some(v) => unsigned("seed", v, 0, u64::MAX, "")?,
+    };
+    let max_tokens = match optional(obj, "max_tokens") {
+        None => defaults.max_tokens,
+        Some(v) => {
+            let n = unsigned("max_tokens", v, 1, MAX_MAX_TOKENS, "")?;
+            usize::try_from(n).unwrap_or(defaults.max_tokens)
+        }
+    };
+    let stop = match optional(obj, "stop") {
+        None => Vec::new(),
+        Some(v) => parse_stop(v)?,
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+        max_tokens,
+        stop,
+    })
+}
+
+fn parse_stop(v: &Value) -> VResult<Vec<String>> {
+    match v {
+        Value::String(s) => Ok(vec![stop_entry("stop", s)?]),
+        Value::Array(items) => {
+            if items.len() > MAX_STOP_SEQUENCES {
+                return Err(InferError::validation(format!(
+                    "stop must have at most {MAX_STOP_SEQUENCES} entries (got {})",
+                    items.len()
+                )));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::String(s) => stop_entry(&format!("stop[{i}]"), s),
+                    other => Err(InferError::validation(format!(
+                        "stop[{i}] must be a string (got {})",
+                        quote(other)
+                    ))),
+                })
+                .collect()
+        }
+        other => Err(InferError::validation(format!(
+            "stop must be a string or an array of strings (got {})",
+            quote(other)
+        ))),
+    }
+}
+
+fn stop_entry(field: &str, s: &str) -> VResult<String> {
+    if s.is_empty() {
+        return Err(InferError::validation(format!(
+            "{field} must be a non-empty string"
+        )));
+    }
+    if s.len() > MAX_STOP_BYTES {
+        return Err(InferError::validation(format!(
+            "{field} must be at most {MAX_STOP_BYTES} bytes (got {})",
+            s.len()
+        )));
+    }
+    Ok(s.to_owned())
+}
+
+fn parse_tokenize(obj: &Map<String, Value>, id: String) -> VResult<ClientMessage> {
+    check_fields(obj, TOKENIZE_FIELDS, "tokenize message")?;
+    let text = match obj.get("text") {
+        None | Some(Value::Null) => {
+            return Err(InferError::validation("missing field \"text\""));
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(InferError::validation(format!(
+                "text must be a string (got {})",
+                quote(other)
+            )))
+        }
+    };
+    let special = match optional(obj, "special") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(InferError::validation(format!(
+                "special must be a boolean (got {})",
+                quote(other)
+            )))
+        }
+    };
+    Ok(ClientMessage::Tokenize { id, text, special })
+}
+
+fn parse_detokenize(
+    obj: &Map<String, Value>,
+    id: String,
+    vocab_size: usize,
+) -> VResult<ClientMessage> {
+    check_fields(obj, DETOKENIZE_FIELDS, "detokenize message")?;
+    let items = match obj.get("token_ids") {
+        None | Some(Value::Null) => {
+            return Err(InferError::validation("missing field \"token_ids\""));
+        }
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(InferError::validation(format!(
+                "token_ids must be an array of integers (got {})",
+                quote(other)
+            )))
+        }
+    };
+    // Ids are u32 on the wire; a vocabulary never exceeds that.
+    let limit = u64::try_from(vocab_size)
+        .unwrap_or(u64::MAX)
+        .min(u64::from(u32::MAX) + 1);
+    let mut token_ids = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("token_ids[{i}]");
+        let id = match integer(&field, item)? {
+            Int::Unsigned(n) if n < limit => n,
+            Int::Negative => {
+                return Err(InferError::validation(format!(
+                    "{field} must be >= 0 (got {})",
+                    quote(item)
+                )))
+            }
+            Int::Unsigned(_) | Int::TooLarge => {
+                return Err(InferError::validation(format!(
+                    "{field} must be < the vocabulary size {vocab_size} (got {})",
+                    quote(item)
+                )))
+            }
+        };
+        token_ids.push(u32::try_from(id).unwrap_or(u32::MAX));
+    }
+    Ok(ClientMessage::Detokenize { id, token_ids })
+}
+
+/// A JSON number as `f64` plus its text as sent, or a type error naming `field`.
+fn number(field: &str, v: &Value) -> VResult<(f64, String)> {
+    match v {
+        Value::Number(n) => {
+            // Only `arbitrary_precision` builds can yield None or a non-finite value
+            // here; report those as out of range through the NaN/inf that follows.
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            Ok((f, n.to_string()))
+        }
+        other => Err(InferError::validation(format!(
+            "{field} must be a number (got {})",
+            quote(other)
+        ))),
+    }
+}
+
+/// Classification of a JSON number expected to be an integer.
+enum Int {
+    /// Fits a `u64`.
+    Unsigned(u64),
+    /// Below zero (any magnitude).
+    Negative,
+    /// An integer above `u64::MAX`.
+    TooLarge,
+}
+
+/// Reads an integer literal. Integers beyond the 64-bit range arrive as floats; they
+/// are classified by sign. Other non-integral numbers (`1.5`, `40.0`, `1e3`) are type
+/// errors.
+fn integer(field: &str, v: &Value) -> VResult<Int> {
+    let Value::Number(n) = v else {
+        return Err(InferError::validation(format!(
+            "{field} must be an integer (got {})",
+            quote(v)
+        )));
+    };
+    if let Some(u) = n.as_u64() {
+        return Ok(Int::Unsigned(u));
+    }
+    if n.as_i64().is_some() {
+        return Ok(Int::Negative);
+    }
+    // An integer literal outside [-2^63, 2^64) overflows to a float; a float literal
+    // (`40.0`, `1e3`, `1.5`) stays a type error.
+    const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+    const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+    let f = n.as_f64().unwrap_or(f64::NAN);
+    if f.fract() == 0.0 || f.is_infinite() {
+        if f >= TWO_POW_64 {
+            return Ok(Int::TooLarge);
+        }
+        if f <= -TWO_POW_63 {
+            return Ok(Int::Negative);
+        }
+    }
+    Err(InferError::validation(format!(
+        "{field} must be an integer (got {n})"
+    )))
+}
+
+/// An integer in `[min, max]`. `max_label` precedes `max` in the message
+/// (e.g. `"the vocabulary size "`).
+fn unsigned(field: &str, v: &Value, min: u64, max: u64, max_label: &str) -> VResult<u64> {
+    let too_small =
+        || InferError::validation(format!("{field} must be >= {min} (got {})", quote(v)));
+    let too_large = || {
+        InferError::validation(format!(
+            "{field} must be <= {max_label}{max} (got {})",
+            quote(v)
+        ))
+    };
+    match integer(field, v)? {
+        Int::Negative => Err(too_small()),
+        Int::TooLarge => Err(too_large()),
+        Int::Unsigned(n) if n < min => Err(too_small()),
+        Int::Unsigned(n) if n > max => Err(too_large()),
+        Int::Unsigned(n) => Ok(n),
+    }
+}
+
+/// Compact JSON of a client value for an error message, cut to a readable length.
+fn quote(v: &Value) -> String {
+    shorten(v.to_string())
+}
+
+/// A string as a JSON string literal, cut to a readable length.
+fn quote_str(s: &str) -> String {
+    quote(&Value::String(s.to_owned()))
+}
+
+fn shorten(text: String) -> String {
+    match text.char_indices().nth(MAX_QUOTED_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! Server frames as JSON text. This is the one place that maps [`InferError`] to the
+//! wire: `{"type":"error","id":...,"error":{"type":TAG,"message":...}}`.
+
+use serde::Serialize;
+
+use crate::error::{ErrorKind, InferError};
+use crate::request::{FinishReason, StreamEvent, Timings, Usage};
+
+/// Sent in the unlikely case a frame fails to serialize (it cannot with these types).
+const SERIALIZE_FAILED: &str = r#"{"type":"error","id":null,"error":{"type":"internal","message":"failed to serialize a server frame"}}"#;
+
+/// Every frame the server sends, tagged by `type`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Frame<'a> {
+    Started {
+        id: &'a str,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    Delta {
+        id: &'a str,
+        text: &'a str,
+        token_ids: &'a [u32],
+    },
+    Done {
+        id: &'a str,
+        finish_reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+    },
+    Error {
+        id: Option<&'a str>,
+        error: ErrorBody<'a>,
+    },
+    Tokens {
+        id: &'a str,
+        token_ids: &'a [u32],
+    },
+    Text {
+        id: &'a str,
+        text: &'a str,
+    },
+}
+
+/// The `error` object of an error frame.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    #[serde(rename = "type")]
+    kind: ErrorKind,
+    message: &'a str,
+}
+
+fn render(frame: &Frame<'_>) -> String {
+    serde_json::to_string(frame).unwrap_or_else(|_| SERIALIZE_FAILED.to_owned())
+}
+
+/// Non-finite floats would serialize as `null`; the protocol promises numbers.
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// The JSON text of a request's event: a `started`, `delta`, `done` or `error` frame.
+pub fn event_frame(id: &str, event: &StreamEvent) -> String {
+    match event {
+        StreamEvent::Started {
+            prompt_tokens,
+            cached_tokens,
+        } => render(&Frame::Started {
+            id,
+            prompt_tokens: *prompt_tokens,
+            cached_tokens: *cached_tokens,
+        }),
+        StreamEvent::Delta { text, token_ids } => render(&Frame::Delta {
+            id,
+            text,
+            token_ids,
+        }),
+        StreamEvent::Done {
+            finish_reason,
+            usage,
+            timings,
+        } => render(&Frame::Done {
+            id,
+            finish_reason: *finish_reason,
+            usage: *usage,
+            timings: Timings {
+                ttft_ms: finite(timings.ttft_ms),
+                decode_tokens_per_s: finite(timings.decode_tokens_per_s),
+            },
+        }),
+        StreamEvent::Error(error) => error_frame(Some(id), error),
+    }
+}
+
+/// The JSON text of an `error` frame; `id` is `null` when the request's id is unknown
+/// (e.g. the frame was not valid JSON).
+pub fn error_frame(id: Option<&str>, error: &InferError) -> String {
+    render(&Frame::Error {
+        id,
+        error: ErrorBody {
+            kind: error.kind,
+            message: &error.message,
+        },
+    })
+}
+
+/// The JSON text of a `tokens` frame (answer to `tokenize`).
+pub fn tokens_frame(id: &str, token_ids: &[u32]) -> String {
+    render(&Frame::Tokens { id, token_ids })
+}
+
+/// The JSON text of a `text` frame (answer to `detokenize`).
+pub fn text_frame(id: &str, text: &str) -> String {
+    render(&Frame::Text { id, text })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn parse(frame: &str) -> Value {
+        serde_json::from_str(frame).expect("frame is JSON")
+    }
+
+    #[test]
+    fn started_frame() {
+        let event = StreamEvent::Started {
+            prompt_tokens: 12,
+            cached_tokens: 8,
+        };
+        assert_eq!(
+            parse(&event_frame("r1", &event)),
+            json!({"type": "started", "id": "r1", "prompt_tokens": 12, "cached_tokens": 8})
+        );
+    }
+
+    #[test]
+    fn delta_frame() {
+        let event = StreamEvent::Delta {
+            text: "héllo \"q\"\n".into(),
+            token_ids: vec![1, 2, 4_000_000_000],
+        };
+        assert_eq!(
+            parse(&event_frame("r1", &event)),
+            json!({"type": "delta", "id": "r1", "text": "héllo \"q\"\n", "token_ids": [1, 2, 4_000_000_000u32]})
+        );
+        let empty = StreamEvent::Delta {
+            text: String::new(),
+            token_ids: vec![],
+        };
+        assert_eq!(
+            parse(&event_frame("r1", &empty)),
+            json!({"type": "delta", "id": "r1", "text": "", "token_ids": []})
+        );
+    }
+
+    #[test]
+    fn done_frame_each_finish_reason() {
+        for (reason, tag) in [
+            (FinishReason::Stop, "stop"),
+            (FinishReason::Length, "length"),
+            (FinishReason::Cancelled, "cancelled"),
+        ] {
+            let event = StreamEvent::Done {
+                finish_reason: reason,
+                usage: Usage {
+                    prompt_tokens: 10,
+                    completion_tokens: 5,
+                    cached_tokens: 3,
+                },
+                timings: Timings {
+                    ttft_ms: 12.5,
+                    decode_tokens_per_s: 40.25,
+                },
+            };
+            assert_eq!(
+                parse(&event_frame("r9", &event)),
+                json!({
+                    "type": "done",
+                    "id": "r9",
+                    "finish_reason": tag,
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 3},
+                    "timings": {"ttft_ms": 12.5, "decode_tokens_per_s": 40.25}
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn done_frame_non_finite_timings_become_zero() {
+        let event = StreamEvent::Done {
+            finish_reason: FinishReason::Length,
+            usage: Usage {
+                prompt_tokens: 1,
+                completion_tokens: 1,
+                cached_tokens: 0,
+            },
+            timings: Timings {
+                ttft_ms: f64::NAN,
+                decode_tokens_per_s: f64::INFINITY,
+            },
+        };
+        let v = parse(&event_frame("r", &event));
+        assert_eq!(
+            v["timings"],
+            json!({"ttft_ms": 0.0, "decode_tokens_per_s": 0.0})
+        );
+    }
+
+    #[test]
+    fn error_frames_carry_stable_tags() {
+        for (kind, tag) in [
+            (ErrorKind::Validation, "validation"),
+            (ErrorKind::ContextLengthExceeded, "context_length_exceeded"),
+            (ErrorKind::Overloaded, "overloaded"),
+            (ErrorKind::PluginTrap, "plugin_trap"),
+            (ErrorKind::Cancelled, "cancelled"),
+            (ErrorKind::Internal, "internal"),
+        ] {
+            let err = InferError::new(kind, "boom");
+            assert_eq!(
+                parse(&error_frame(Some("r1"), &err)),
+                json!({"type": "error", "id": "r1", "error": {"type": tag, "message": "boom"}})
+            );
+            assert_eq!(kind.as_str(), tag);
+        }
+    }
+
+    #[test]
+    fn error_frame_without_id_is_null() {
+        let err = InferError::validation("malformed JSON: x");
+        assert_eq!(
+            parse(&error_frame(None, &err)),
+            json!({"type": "error", "id": null, "error": {"type": "validation", "message": "malformed JSON: x"}})
+        );
+    }
+
+    #[test]
+    fn error_event_is_an_error_frame() {
+        let err = InferError::new(ErrorKind::Overloaded, "queue full");
+        assert_eq!(
+            event_frame("r2", &StreamEvent::Error(err.clone())),
+            error_frame(Some("r2"), &err)
+        );
+    }
+
+    #[test]
+    fn tokens_and_text_frames() {
+        assert_eq!(
+            parse(&tokens_frame("t1", &[5, 6, 7])),
+            json!({"type": "tokens", "id": "t1", "token_ids": [5, 6, 7]})
+        );
+        assert_eq!(
+            parse(&text_frame("t2", "a\u{0}b")),
+            json!({"type": "text", "id": "t2", "text": "a\u{0}b"})
+        );
+    }
+
+    #[test]
+    fn fallback_frame_is_valid_json() {
+        assert_eq!(
+            parse(SERIALIZE_FAILED),
+            json!({"type": "error", "id": null, "error": {"type": "internal", "message": "failed to serialize a server frame"}})
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! Start-up: load the model and tokenizer, start the actors, serve until shutdown.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use actix::{Actor, Arbiter, SyncArbiter};
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::model::{load_gguf, LoadOptions};
+use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
+use crate::scheduler::{Scheduler, SchedulerActor, SchedulerLimits};
+use crate::server::{serve, Engine};
+use crate::tokenizer::{TextTokenizer, TokenizerActor};
+
+/// Sets the CPU thread count of the model math. candle's matmuls and quantized kernels
+/// run on rayon's global pool, which reads `RAYON_NUM_THREADS` when first used; this must
+/// run before any model code. `0` = one thread per available core.
+pub fn set_compute_threads(threads: usize) -> usize {
+    let n = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    // Edition 2021: set_var is safe; nothing else reads the environment concurrently
+    // this early in start-up.
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    n
+}
+
+/// Loads everything and serves until SIGINT/SIGTERM.
+///
+/// # Errors
+/// Model or tokenizer refused, bad device, listen address unavailable.
+pub fn run(settings: Settings) -> anyhow::Result<()> {
+    let threads = set_compute_threads(settings.model.threads);
+    let device = select_device(&settings.model.device).map_err(anyhow::Error::msg)?;
+    tracing::info!(path = %settings.model.path.display(), ?device, threads, "loading model");
+    let t0 = std::time::Instant::now();
+    let loaded = load_gguf(
+        &settings.model.path,
+        &LoadOptions {
+            device,
+            q4_1: settings.model.q4_1,
+        },
+    )?;
+    let tokenizer = Arc::new(
+        TextTokenizer::from_gguf(&loaded.metadata)
+            .with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,
+    );
+    let cfg = loaded.model.config().clone();
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        anyhow::bail!(
+            "tokenizer has {} tokens but the model's embedding has only {} rows",
+            tokenizer.vocab_size(),
+            cfg.vocab_size
+        );
+    }
+    settings
+        .sampling
+        .check(tokenizer.vocab_size())
+        .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
+    let context_length = match settings.model.context_length {
+        0 => cfg.context_length,
+        n if n > cfg.context_length => anyhow::bail!(
+            "configuration error: model.context_length must be <= the model's {} tokens (got {n})",
+            cfg.context_length
+        ),
+        n => n,
+    };
+    tracing::info!(
+        architecture = %loaded.architecture,
+        layers = cfg.n_layer,
+        vocab = cfg.vocab_size,
+        context_length,
+        kv_bytes_per_token = cfg.kv_bytes_per_token(4),
+        load_ms = t0.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    let addr: SocketAddr = settings
+        .server
+        .listen
+        .parse()
+        .with_context(|| format!("server.listen = \"{}\"", settings.server.listen))?;
+
+    let runner = Arc::new(Mutex::new(Some(ModelRunner::new(loaded.model))));
+    let system = actix::System::new();
+    let result = system.block_on(async move {
+        let runner_addr = SyncArbiter::start(1, move || {
+            let taken = runner.lock().ok().and_then(|mut g| g.take());
+            // SyncArbiter calls the factory once per thread and we start exactly one.
+            ModelRunnerActor::new(taken.expect("model runner factory called more than once"))
+        });
+        let limits = SchedulerLimits {
+            max_running: settings.scheduler.max_running,
+            max_waiting: settings.scheduler.max_waiting,
+            context_length,
+        };
+        let engine_arbiter = Arbiter::new();
+        let tok_for_sched = tokenizer.clone();
+        let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
+            SchedulerActor::new(Scheduler::new(limits), runner_addr, tok_for_sched)
+        });
+        let tok = tokenizer.clone();
+        let sched_for_tok = scheduler.clone();
+        let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
+            TokenizerActor::new(tok.clone(), sched_for_tok.clone())
+        });
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (server.listen)"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(addr = %local, "listening on ws://{local}/v1/ws");
+        // A machine-readable line on stdout for scripts and tests.
+        println!("inferd: listening on ws://{local}/v1/ws");
+        let engine = Engine {
+            tokenizer: tokenizer_addr,
+            scheduler,
+            defaults: settings.sampling.clone(),
+            vocab_size: tokenizer.vocab_size(),
+            max_message_bytes: settings.server.max_message_bytes,
+        };
+        serve(listener, engine, crate::shutdown::signal()).await;
+        tracing::info!("shutting down");
+        engine_arbiter.stop();
+        anyhow::Ok(())
+    });
+    result
+}

@@ -1,0 +1,236 @@
+//! Daemon configuration, layered with the `config` crate:
+//! built-in defaults < config file (TOML) < environment (`INFERD__SECTION__KEY`) < CLI flags.
+//!
+//! Every key is documented in `configs/inferd.toml`. Unknown keys and invalid values
+//! stop start-up with a message naming the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::SamplingDefaults;
+use crate::model::Q4_1Policy;
+
+/// `[server]`: the listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on (`host:port`); port 0 picks a free port (logged at start-up).
+    pub listen: String,
+    /// Largest accepted WebSocket message, in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_message_bytes: 4 << 20,
+        }
+    }
+}
+
+/// `[model]`: which model to load and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// GGUF file of the llama architecture. Relative paths resolve against the
+    /// current directory.
+    pub path: PathBuf,
+    /// `"auto"`, `"cpu"` or `"cuda:N"`.
+    pub device: String,
+    /// CPU threads for the model math; 0 = one per available core.
+    pub threads: usize,
+    /// What to do with Q4_1 matrices (see [`Q4_1Policy`]).
+    pub q4_1: Q4_1Policy,
+    /// Context window in tokens; 0 = the model's own (`llama.context_length`). A larger
+    /// value than the model's is rejected.
+    pub context_length: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            device: "auto".into(),
+            threads: 0,
+            q4_1: Q4_1Policy::RequantizeQ8_0,
+            context_length: 0,
+        }
+    }
+}
+
+/// `[scheduler]`: admission bounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Sequences generating at once; more wait in the queue.
+    pub max_running: usize,
+    /// Queued sequences; a request beyond this gets an `overloaded` error at once.
+    pub max_waiting: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_running: 16,
+            max_waiting: 256,
+        }
+    }
+}
+
+/// `[tokenizer]`: the tokenizer actor pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizerConfig {
+    /// Threads rendering templates and tokenizing prompts.
+    pub threads: usize,
+}
+
+impl Default for TokenizerConfig {
+    fn default() -> Self {
+        Self { threads: 2 }
+    }
+}
+
+/// `[log]`: logging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter: `error`, `warn`, `info`, `debug`, `trace`, or directives
+    /// such as `inferd=debug`. `RUST_LOG` overrides it when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Listener.
+    pub server: ServerConfig,
+    /// Model.
+    pub model: ModelConfig,
+    /// Scheduler bounds.
+    pub scheduler: SchedulerConfig,
+    /// Defaults for absent sampling fields of a request.
+    pub sampling: SamplingDefaults,
+    /// Tokenizer pool.
+    pub tokenizer: TokenizerConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Command-line overrides (the highest layer).
+#[derive(Debug, Clone, Default)]
+pub struct CliOverrides {
+    /// `--model PATH`.
+    pub model: Option<PathBuf>,
+    /// `--listen ADDR`.
+    pub listen: Option<String>,
+}
+
+/// A configuration error: names the key (or file) and the problem.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {0}")]
+pub struct ConfigError(pub String);
+
+impl Settings {
+    /// Builds the layered configuration.
+    ///
+    /// # Errors
+    /// Unreadable or malformed file, unknown key, wrong type or out-of-range value.
+    pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Self, ConfigError> {
+        let defaults = config::Config::try_from(&Settings::default())
+            .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
+        let mut builder = config::Config::builder().add_source(defaults);
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError(format!("config file {} not found", path.display())));
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("INFERD")
+                .separator("__")
+                .try_parsing(true),
+        );
+        if let Some(m) = &cli.model {
+            builder = builder
+                .set_override("model.path", m.display().to_string())
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
+        if let Some(l) = &cli.listen {
+            builder = builder
+                .set_override("server.listen", l.clone())
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
+        let cfg = builder.build().map_err(|e| ConfigError(e.to_string()))?;
+        let settings: Settings = cfg.try_deserialize().map_err(|e| ConfigError(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks value ranges; each message names the key, the bound and the value.
+    ///
+    /// # Errors
+    /// The first invalid value found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError(m));
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            return bad(format!(
+                "server.listen must be an address like 127.0.0.1:8080 (got \"{}\")",
+                self.server.listen
+            ));
+        }
+        if self.server.max_message_bytes < 1024 {
+            return bad(format!(
+                "server.max_message_bytes must be >= 1024 (got {})",
+                self.server.max_message_bytes
+            ));
+        }
+        if self.model.path.as_os_str().is_empty() {
+            return bad("model.path must not be empty".into());
+        }
+        if self.model.device != "auto" && self.model.device != "cpu" && !self.model.device.starts_with("cuda:") {
+            return bad(format!(
+                "model.device must be \"auto\", \"cpu\" or \"cuda:N\" (got \"{}\")",
+                self.model.device
+            ));
+        }
+        if self.model.threads > 1024 {
+            return bad(format!("model.threads must be in [0, 1024] (got {})", self.model.threads));
+        }
+        if self.scheduler.max_running == 0 {
+            return bad("scheduler.max_running must be >= 1 (got 0)".into());
+        }
+        if self.tokenizer.threads == 0 || self.tokenizer.threads > 64 {
+            return bad(format!("tokenizer.threads must be in [1, 64] (got {})", self.tokenizer.threads));
+        }
+        let s = &self.sampling;
+        if !(0.0..=100.0).contains(&s.temperature) {
+            return bad(format!("sampling.temperature must be in [0, 100] (got {})", s.temperature));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return bad(format!("sampling.top_p must be in (0, 1] (got {})", s.top_p));
+        }
+        if !(0.0..=1.0).contains(&s.min_p) {
+            return bad(format!("sampling.min_p must be in [0, 1] (got {})", s.min_p));
+        }
+        if s.max_tokens == 0 {
+            return bad("sampling.max_tokens must be >= 1 (got 0)".into());
+        }
+        if self.log.level.trim().is_empty() {
+            return bad("log.level must not be empty".into());
+        }
+        Ok(())
+    }
+}

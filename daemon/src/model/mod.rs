@@ -1,0 +1,81 @@
+//! Pure candle model code: GGUF loading, architecture dispatch and the llama-family
+//! forward pass. The KV cache lives outside the weights (see [`KvCache`]): the model
+//! runner owns it, so later stages can page, batch and persist it.
+
+mod gguf;
+mod llama;
+
+pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
+pub use llama::{LlamaConfig, LlamaModel};
+
+use candle_core::Tensor;
+
+/// Errors while loading a model file. Start-up reports them and exits; they never panic.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file could not be opened or read.
+    #[error("cannot read model file {path}: {source}")]
+    Io {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid GGUF file (bad magic, truncated, inconsistent offsets).
+    #[error("model file {path} is not a valid GGUF file: {message}")]
+    Corrupt {
+        /// The path given.
+        path: String,
+        /// What the parser found.
+        message: String,
+    },
+    /// `general.architecture` names an architecture this build does not implement.
+    #[error("unsupported model architecture `{0}` (general.architecture); supported: llama")]
+    UnsupportedArchitecture(String),
+    /// A required metadata key is missing or has the wrong type.
+    #[error("GGUF metadata key `{key}`: {message}")]
+    Metadata {
+        /// The metadata key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A tensor is missing or has an unexpected shape.
+    #[error("tensor `{name}`: {message}")]
+    Tensor {
+        /// The tensor name as stored in the file (e.g. `blk.0.attn_q.weight`).
+        name: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An error from candle while building the weights.
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Storage for the keys and values of one sequence, owned by the model runner.
+///
+/// The model calls [`KvCache::append`] once per layer per forward pass, with the new
+/// positions' K and V after RoPE, and attends over what it returns.
+pub trait KvCache {
+    /// Appends `k` and `v`, each of shape `(1, n_kv_heads, new_tokens, head_dim)`, to
+    /// layer `layer` and returns every cached key and value of that layer, each of shape
+    /// `(1, n_kv_heads, cached_tokens + new_tokens, head_dim)`.
+    ///
+    /// # Errors
+    /// A candle error, or capacity exhausted (the caller checks the context window first).
+    fn append(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)>;
+
+    /// Number of positions already cached (the position of the next token).
+    fn len(&self) -> usize;
+
+    /// Whether nothing is cached yet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,50 @@
+//! The model runner: owns the device, the weights and every sequence's KV cache, and
+//! executes the scheduler's batches. Its actor runs on its own `SyncArbiter` thread.
+
+mod actor;
+mod kv_cache;
+mod runner;
+
+pub use actor::ModelRunnerActor;
+pub use kv_cache::SequenceKvCache;
+pub use runner::{BatchItem, ItemOutput, ModelRunner, RunBatch, StepOutput};
+
+use candle_core::Device;
+
+/// Parses the `model.device` setting: `"cpu"`, `"cuda:N"` or `"auto"` (CUDA device 0
+/// when this build has CUDA and a device is present, else CPU).
+///
+/// # Errors
+/// A message naming the value when it is malformed or names a device this build cannot use.
+pub fn select_device(spec: &str) -> Result<Device, String> {
+    match spec {
+        "cpu" => Ok(Device::Cpu),
+        "auto" => {
+            if candle_core::utils::cuda_is_available() {
+                Device::new_cuda(0)
+                    .map_err(|e| format!("model.device = \"auto\": CUDA device 0: {e}"))
+            } else {
+                Ok(Device::Cpu)
+            }
+        }
+        s => {
+            let Some(n) = s.strip_prefix("cuda:") else {
+                return Err(format!(
+                    "model.device must be \"auto\", \"cpu\" or \"cuda:N\" (got \"{s}\")"
+                ));
+            };
+            let n: usize = n
+                .parse()
+                .map_err(|_| format!("model.device: bad CUDA ordinal in \"{s}\""))?;
+            if !candle_core::utils::cuda_is_available() {
+                return Err(format!(
+                    "model.device = \"{s}\" but this build has no CUDA support (build with --features cuda)"
+                ));
+            }
+            Device::new_cuda(n).map_err(|e| format!("model.device = \"{s}\": {e}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod parity_tests;

@@ -1,0 +1,183 @@
+//! `SchedulerActor`: the engine loop. A thin shell over [`Scheduler`]: each step it
+//! sweeps cancellations, asks the policy for a batch, runs it on the model runner,
+//! then samples and detokenizes each sequence's new token and streams the events.
+//! Exactly one step is in flight at a time; the next starts as soon as one finishes.
+
+use std::sync::Arc;
+
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
+
+use crate::error::InferError;
+use crate::model_runner::{ModelRunnerActor, StepOutput};
+use crate::request::{FinishReason, SeqId, StreamEvent};
+
+use crate::tokenizer::TextTokenizer;
+
+use super::policy::Scheduler;
+use super::sequence::{Sequence, TokenOutcome, TokenizedRequest};
+
+/// Queue a tokenized request (from the tokenizer stage).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Submit(pub TokenizedRequest);
+
+/// Control message: a client cancelled `SeqId` or disconnected. The request's
+/// [`crate::request::CancelFlag`] is already set; this only makes the engine act on
+/// it now rather than at its next step.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Cancel(pub SeqId);
+
+/// The engine loop actor; run it on its own `Arbiter` so sampling and detokenization
+/// stay off the connections' executor.
+pub struct SchedulerActor {
+    scheduler: Scheduler,
+    runner: Addr<ModelRunnerActor>,
+    tokenizer: Arc<TextTokenizer>,
+    step_in_flight: bool,
+}
+
+impl SchedulerActor {
+    /// Builds the actor around a policy, the runner and the tokenizer (for token bytes
+    /// and end-of-generation ids).
+    pub fn new(scheduler: Scheduler, runner: Addr<ModelRunnerActor>, tokenizer: Arc<TextTokenizer>) -> Self {
+        Self {
+            scheduler,
+            runner,
+            tokenizer,
+            step_in_flight: false,
+        }
+    }
+
+    fn finish(&self, mut seq: Sequence, reason: FinishReason) {
+        let t = seq.finish(reason);
+        tracing::info!(
+            id = %seq.client_id,
+            seq = %seq.id,
+            prompt_tokens = seq.prompt.len(),
+            completion_tokens = seq.generated.len(),
+            ttft_ms = format_args!("{:.1}", t.ttft_ms),
+            decode_tok_s = format_args!("{:.1}", t.decode_tokens_per_s),
+            finish_reason = ?reason,
+            "request finished"
+        );
+    }
+
+    fn fail(&self, seq: Sequence, error: InferError) {
+        tracing::warn!(id = %seq.client_id, seq = %seq.id, error = %error.message, "request failed");
+        seq.send(StreamEvent::Error(error));
+    }
+
+    fn sweep_cancelled(&mut self) {
+        for seq in self.scheduler.take_cancelled() {
+            self.finish(seq, FinishReason::Cancelled);
+        }
+    }
+
+    /// Starts the next step unless one is running or there is nothing to do.
+    fn step(&mut self, ctx: &mut Context<Self>) {
+        if self.step_in_flight {
+            return;
+        }
+        self.sweep_cancelled();
+        if self.scheduler.is_idle() {
+            return;
+        }
+        let (batch, admitted) = self.scheduler.schedule();
+        for id in admitted {
+            if let Some(seq) = self.scheduler.running_mut(id) {
+                seq.send_started();
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        self.step_in_flight = true;
+        let fut = self.runner.send(batch).into_actor(self).map(|res, act, ctx| {
+            act.step_in_flight = false;
+            match res {
+                Ok(out) => act.on_step(out),
+                Err(e) => act.fail_all(InferError::internal(format!("model runner unavailable: {e}"))),
+            }
+            act.step(ctx);
+        });
+        ctx.spawn(fut);
+    }
+
+    /// Samples, detokenizes and streams the results of one step.
+    fn on_step(&mut self, out: StepOutput) {
+        for item in out.items {
+            let Some(seq) = self.scheduler.running_mut(item.seq) else {
+                continue;
+            };
+            let logits = match item.logits {
+                Ok(l) => l,
+                Err(e) => {
+                    if let Some(s) = self.scheduler.remove_running(item.seq) {
+                        self.fail(s, e);
+                    }
+                    continue;
+                }
+            };
+            seq.computed = seq.prompt.len() + seq.generated.len();
+            if seq.cancel.is_cancelled() {
+                continue; // swept before the next step
+            }
+            let token = match seq.sample(&logits) {
+                Ok(t) => t,
+                Err(e) => {
+                    if let Some(s) = self.scheduler.remove_running(item.seq) {
+                        self.fail(s, e);
+                    }
+                    continue;
+                }
+            };
+            let is_eog = self.tokenizer.eog_token_ids().contains(&token);
+            let outcome = seq.accept_token(token, self.tokenizer.token_bytes(token), is_eog);
+            if let TokenOutcome::Finished(reason) = outcome {
+                if let Some(s) = self.scheduler.remove_running(item.seq) {
+                    self.finish(s, reason);
+                }
+            }
+        }
+    }
+
+    fn fail_all(&mut self, error: InferError) {
+        while let Some(seq) = self.scheduler.pop_any() {
+            self.fail(seq, error.clone());
+        }
+    }
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Submit> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
+        let req = msg.0;
+        if req.cancel.is_cancelled() {
+            let seq = Sequence::new(req, 0);
+            self.finish(seq, FinishReason::Cancelled);
+            return;
+        }
+        if let Err(rejected) = self.scheduler.submit(req) {
+            let (req, error) = *rejected;
+            tracing::warn!(id = %req.client_id, error = %error.message, "request rejected");
+            let _ = req.events.send(StreamEvent::Error(error));
+            return;
+        }
+        self.step(ctx);
+    }
+}
+
+impl Handler<Cancel> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Cancel, ctx: &mut Context<Self>) {
+        self.sweep_cancelled();
+        self.step(ctx);
+    }
+}

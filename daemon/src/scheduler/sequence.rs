@@ -1,0 +1,197 @@
+//! One accepted sequence: its tokens, its sampler and output stream, and its event channel.
+
+use std::time::Instant;
+
+use crate::detokenizer::OutputStream;
+use crate::error::InferError;
+use crate::request::{
+    CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent, Timings, Usage,
+};
+use crate::sampling::Sampler;
+
+/// A tokenized request on its way from the tokenizer to the scheduler.
+#[derive(Debug)]
+pub struct TokenizedRequest {
+    /// Engine id, chosen by the connection when it accepted the request.
+    pub seq: SeqId,
+    /// The client's id (for logs).
+    pub client_id: String,
+    /// Prompt token ids (template applied, BOS added when the model wants it).
+    pub prompt: Vec<u32>,
+    /// Validated sampling parameters.
+    pub sampling: SamplingParams,
+    /// Where events go.
+    pub events: EventSender,
+    /// Set when the client cancels or disconnects.
+    pub cancel: CancelFlag,
+    /// When the connection accepted the request (TTFT is measured from here).
+    pub received_at: Instant,
+}
+
+/// What [`Sequence::accept_token`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenOutcome {
+    /// Keep generating.
+    Continue,
+    /// Generation ended.
+    Finished(FinishReason),
+}
+
+/// A sequence admitted by the scheduler.
+#[derive(Debug)]
+pub struct Sequence {
+    /// Engine id.
+    pub id: SeqId,
+    /// The client's id.
+    pub client_id: String,
+    /// Prompt ids.
+    pub prompt: Vec<u32>,
+    /// Generated ids so far (an end-of-generation token included when it ended one).
+    pub generated: Vec<u32>,
+    /// Tokens (prompt then generated) whose K/V the model runner holds.
+    pub computed: usize,
+    /// Generation budget: `min(max_tokens, context_window − prompt length)`, tokens.
+    pub max_new_tokens: usize,
+    sampler: Sampler,
+    output: OutputStream,
+    events: EventSender,
+    /// Cancellation flag.
+    pub cancel: CancelFlag,
+    received_at: Instant,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+    /// Ids sampled since the last delta was sent.
+    unsent_ids: Vec<u32>,
+}
+
+impl Sequence {
+    /// Builds the sequence state for `req` with the given generation budget.
+    pub fn new(req: TokenizedRequest, max_new_tokens: usize) -> Self {
+        Self {
+            id: req.seq,
+            client_id: req.client_id,
+            sampler: Sampler::new(&req.sampling),
+            output: OutputStream::new(req.sampling.stop.clone()),
+            prompt: req.prompt,
+            generated: Vec::new(),
+            computed: 0,
+            max_new_tokens,
+            events: req.events,
+            cancel: req.cancel,
+            received_at: req.received_at,
+            first_token_at: None,
+            last_token_at: None,
+            unsent_ids: Vec::new(),
+        }
+    }
+
+    /// Tokens to run in the next step: everything not yet computed (the whole prompt
+    /// for a prefill, the last sampled token for a decode).
+    pub fn pending_tokens(&self) -> Vec<u32> {
+        let total = self.prompt.len() + self.generated.len();
+        (self.computed..total)
+            .map(|i| {
+                if i < self.prompt.len() {
+                    self.prompt[i]
+                } else {
+                    self.generated[i - self.prompt.len()]
+                }
+            })
+            .collect()
+    }
+
+    /// Sends an event; a closed channel (client gone) is not an error here, the
+    /// connection's cancel flag handles it.
+    pub fn send(&self, event: StreamEvent) {
+        let _ = self.events.send(event);
+    }
+
+    /// Sends `started`.
+    pub fn send_started(&self) {
+        self.send(StreamEvent::Started {
+            prompt_tokens: self.prompt.len(),
+            cached_tokens: 0,
+        });
+    }
+
+    /// Samples the next token from `logits` `(vocab_size,)`.
+    ///
+    /// # Errors
+    /// The sampler's error (e.g. every logit NaN).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, InferError> {
+        self.sampler.sample(logits)
+    }
+
+    /// Records the sampled `token` (whose raw bytes are `bytes`; `is_eog` for an
+    /// end-of-generation token), streams any releasable text, and decides whether
+    /// generation ends.
+    pub fn accept_token(&mut self, token: u32, bytes: &[u8], is_eog: bool) -> TokenOutcome {
+        let now = Instant::now();
+        self.first_token_at.get_or_insert(now);
+        self.last_token_at = Some(now);
+        self.generated.push(token);
+        self.unsent_ids.push(token);
+        if is_eog {
+            return TokenOutcome::Finished(FinishReason::Stop);
+        }
+        let emit = self.output.push(bytes);
+        if !emit.text.is_empty() {
+            let ids = std::mem::take(&mut self.unsent_ids);
+            self.send(StreamEvent::Delta {
+                text: emit.text,
+                token_ids: ids,
+            });
+        }
+        if emit.stopped {
+            TokenOutcome::Finished(FinishReason::Stop)
+        } else if self.generated.len() >= self.max_new_tokens {
+            TokenOutcome::Finished(FinishReason::Length)
+        } else {
+            TokenOutcome::Continue
+        }
+    }
+
+    /// Flushes held-back text and sends `done`. Returns `(ttft_ms, completion tokens)`.
+    pub fn finish(&mut self, reason: FinishReason) -> Timings {
+        let rest = if self.output.is_stopped() {
+            String::new()
+        } else {
+            self.output.finish()
+        };
+        if !rest.is_empty() || !self.unsent_ids.is_empty() {
+            let ids = std::mem::take(&mut self.unsent_ids);
+            self.send(StreamEvent::Delta {
+                text: rest,
+                token_ids: ids,
+            });
+        }
+        let timings = self.timings();
+        self.send(StreamEvent::Done {
+            finish_reason: reason,
+            usage: Usage {
+                prompt_tokens: self.prompt.len(),
+                completion_tokens: self.generated.len(),
+                cached_tokens: 0,
+            },
+            timings,
+        });
+        timings
+    }
+
+    /// TTFT and decode speed so far.
+    pub fn timings(&self) -> Timings {
+        let ttft_ms = self
+            .first_token_at
+            .map_or(0.0, |t| t.duration_since(self.received_at).as_secs_f64() * 1e3);
+        let decode_tokens_per_s = match (self.first_token_at, self.last_token_at) {
+            (Some(a), Some(b)) if self.generated.len() > 1 && b > a => {
+                (self.generated.len() - 1) as f64 / b.duration_since(a).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        Timings {
+            ttft_ms,
+            decode_tokens_per_s,
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Listener and WebSocket sessions (`ws://HOST:PORT/v1/ws`, protocol v1 in
+//! `docs/protocol.md`).
+//!
+//! Each connection runs on the actix system's executor as one reader loop plus one
+//! writer task; each accepted request gets a forwarding task that turns its
+//! [`StreamEvent`]s into frames. A connection tracks its active request ids; closing it
+//! cancels them all.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Instant;
+
+use actix::Addr;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::api::{self, ClientMessage, SamplingDefaults};
+use crate::error::InferError;
+use crate::request::{CancelFlag, SeqId, StreamEvent};
+use crate::scheduler::{Cancel, SchedulerActor};
+use crate::tokenizer::actor::{Decode, Encode, Prepare};
+use crate::tokenizer::TokenizerActor;
+
+/// WebSocket endpoint path.
+pub const WS_PATH: &str = "/v1/ws";
+
+/// Handles to the pipeline that sessions feed.
+#[derive(Clone)]
+pub struct Engine {
+    /// Tokenizer stage (first stage of the pipeline).
+    pub tokenizer: Addr<TokenizerActor>,
+    /// Scheduler, for cancellation control messages only.
+    pub scheduler: Addr<SchedulerActor>,
+    /// Defaults for absent sampling fields.
+    pub defaults: SamplingDefaults,
+    /// Vocabulary size, for validating token ids.
+    pub vocab_size: usize,
+    /// Largest accepted message, bytes.
+    pub max_message_bytes: usize,
+}
+
+/// An active request of one connection.
+struct Active {
+    seq: SeqId,
+    cancel: CancelFlag,
+}
+
+type ActiveMap = Rc<RefCell<HashMap<String, Active>>>;
+
+/// Accepts connections on `listener` until `shutdown` resolves. Must run inside an
+/// actix `System` (sessions are spawned on its executor).
+pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let engine = engine.clone();
+                    actix_rt::spawn(async move {
+                        if let Err(e) = session(stream, engine).await {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors and similar: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+#[allow(clippy::result_large_err)]
+fn check_path(req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
+    if req.uri().path() == WS_PATH {
+        Ok(resp)
+    } else {
+        let mut r = ErrorResponse::new(Some(format!(
+            "not found: the WebSocket endpoint is {WS_PATH}\n"
+        )));
+        *r.status_mut() = StatusCode::NOT_FOUND;
+        Err(r)
+    }
+}
+
+async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(engine.max_message_bytes))
+        .max_frame_size(Some(engine.max_message_bytes));
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(config)).await?;
+    let (mut sink, mut source) = ws.split();
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
+    let writer = actix_rt::spawn(async move {
+        while let Some(msg) = out_rx.recv().await {
+            if sink.send(msg).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let active: ActiveMap = Rc::new(RefCell::new(HashMap::new()));
+
+    while let Some(frame) = source.next().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::debug!(error = %e, "websocket read error");
+                break;
+            }
+        };
+        match frame {
+            Message::Text(text) => handle_text(text.as_str(), &engine, &active, &out_tx),
+            Message::Binary(_) => {
+                let e = InferError::validation("binary frames are not supported: send JSON text frames");
+                let _ = out_tx.send(Message::text(api::error_frame(None, &e)));
+            }
+            Message::Close(_) => break,
+            _ => {} // ping/pong are answered by tungstenite
+        }
+    }
+
+    // Connection gone: cancel everything it started.
+    for (_, a) in active.borrow_mut().drain() {
+        a.cancel.cancel();
+        engine.scheduler.do_send(Cancel(a.seq));
+    }
+    drop(out_tx);
+    let _ = writer.await;
+    Ok(())
+}
+
+fn handle_text(text: &str, engine: &Engine, active: &ActiveMap, out: &mpsc::UnboundedSender<Message>) {
+    let msg = match api::parse_client_message(text, &engine.defaults, engine.vocab_size) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = out.send(Message::text(api::error_frame(e.id.as_deref(), &e.error)));
+            return;
+        }
+    };
+    match msg {
+        ClientMessage::Generate(request) => {
+            let id = request.client_id.clone();
+            if active.borrow().contains_key(&id) {
+                let e = InferError::validation(format!(
+                    "id: a request with id \"{id}\" is already active on this connection"
+                ));
+                let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
+                return;
+            }
+            let seq = SeqId::next();
+            let cancel = CancelFlag::new();
+            let (tx, rx) = mpsc::unbounded_channel();
+            active.borrow_mut().insert(
+                id.clone(),
+                Active {
+                    seq,
+                    cancel: cancel.clone(),
+                },
+            );
+            actix_rt::spawn(forward_events(id, seq, rx, active.clone(), out.clone()));
+            engine.tokenizer.do_send(Prepare {
+                seq,
+                request,
+                events: tx,
+                cancel,
+                received_at: Instant::now(),
+            });
+        }
+        ClientMessage::Cancel { id } => {
+            let found = active.borrow().get(&id).map(|a| (a.seq, a.cancel.clone()));
+            match found {
+                Some((seq, cancel)) => {
+                    cancel.cancel();
+                    engine.scheduler.do_send(Cancel(seq));
+                }
+                None => {
+                    let e = InferError::validation(format!(
+                        "id: no active request with id \"{id}\" on this connection"
+                    ));
+                    let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
+                }
+            }
+        }
+        ClientMessage::Tokenize { id, text, special } => {
+            let tok = engine.tokenizer.clone();
+            let out = out.clone();
+            actix_rt::spawn(async move {
+                let frame = match tok.send(Encode { text, special }).await {
+                    Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
+                    Ok(Err(e)) => api::error_frame(Some(&id), &e),
+                    Err(e) => api::error_frame(Some(&id), &InferError::internal(format!("tokenizer unavailable: {e}"))),
+                };
+                let _ = out.send(Message::text(frame));
+            });
+        }
+        ClientMessage::Detokenize { id, token_ids } => {
+            let tok = engine.tokenizer.clone();
+            let out = out.clone();
+            actix_rt::spawn(async move {
+                let frame = match tok.send(Decode { token_ids }).await {
+                    Ok(text) => api::text_frame(&id, &text),
+                    Err(e) => api::error_frame(Some(&id), &InferError::internal(format!("tokenizer unavailable: {e}"))),
+                };
+                let _ = out.send(Message::text(frame));
+            });
+        }
+    }
+}
+
+/// Forwards one request's events as frames; on the final event the id becomes free
+/// for reuse before the final frame is queued.
+async fn forward_events(
+    id: String,
+    seq: SeqId,
+    mut events: mpsc::UnboundedReceiver<StreamEvent>,
+    active: ActiveMap,
+    out: mpsc::UnboundedSender<Message>,
+) {
+    while let Some(ev) = events.recv().await {
+        let last = matches!(ev, StreamEvent::Done { .. } | StreamEvent::Error(_));
+        if last {
+            let mut map = active.borrow_mut();
+            if map.get(&id).is_some_and(|a| a.seq == seq) {
+                map.remove(&id);
+            }
+        }
+        if out.send(Message::text(api::event_frame(&id, &ev))).is_err() || last {
+            return;
+        }
+    }
+    // The engine dropped the channel without a final event: report it, never hang.
+    let mut map = active.borrow_mut();
+    if map.get(&id).is_some_and(|a| a.seq == seq) {
+        map.remove(&id);
+        let e = InferError::internal("the request ended without a result");
+        let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
+    }
+}

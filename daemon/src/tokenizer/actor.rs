@@ -1,0 +1,125 @@
+//! `TokenizerActor`: renders templates and tokenizes prompts on a `SyncArbiter` pool,
+//! then hands the tokenized request forward to the scheduler.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Actor, Addr, Handler, Message, SyncContext};
+
+use crate::error::InferError;
+use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
+use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
+
+use super::TextTokenizer;
+
+/// Tokenize a validated generate request and submit it to the scheduler. Failures
+/// (template errors, bad input) go to the request's event channel as `error`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Prepare {
+    /// The engine id chosen by the connection.
+    pub seq: SeqId,
+    /// The validated request.
+    pub request: GenerateRequest,
+    /// The request's event channel.
+    pub events: EventSender,
+    /// The request's cancel flag.
+    pub cancel: CancelFlag,
+    /// When the connection accepted it.
+    pub received_at: Instant,
+}
+
+/// Tokenize text (the `tokenize` message).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Vec<u32>, InferError>")]
+pub struct Encode {
+    /// The text.
+    pub text: String,
+    /// Whether special-token text maps to control ids.
+    pub special: bool,
+}
+
+/// Detokenize ids (the `detokenize` message); control tokens are skipped.
+#[derive(Debug, Message)]
+#[rtype(result = "String")]
+pub struct Decode {
+    /// Token ids, each already checked to be `< vocab_size`.
+    pub token_ids: Vec<u32>,
+}
+
+/// The tokenizer stage. Start with `SyncArbiter::start(n, ..)`.
+pub struct TokenizerActor {
+    tokenizer: Arc<TextTokenizer>,
+    scheduler: Addr<SchedulerActor>,
+}
+
+impl TokenizerActor {
+    /// A tokenizer worker that forwards to `scheduler`.
+    pub fn new(tokenizer: Arc<TextTokenizer>, scheduler: Addr<SchedulerActor>) -> Self {
+        Self { tokenizer, scheduler }
+    }
+
+    /// Prompt ids for `input`: the chat template for messages, raw text otherwise
+    /// (special-token text in a raw prompt stays plain text). BOS is prepended when the
+    /// model asks for it (`tokenizer.ggml.add_bos_token`) and the prompt lacks it.
+    fn prompt_ids(&self, input: &PromptInput) -> Result<Vec<u32>, InferError> {
+        let mut ids = match input {
+            PromptInput::Messages(m) => self.tokenizer.encode_chat(m)?.1,
+            PromptInput::Text(t) => self
+                .tokenizer
+                .encode(t, false)
+                .map_err(|e| InferError::validation(format!("prompt: {e}")))?,
+        };
+        if self.tokenizer.add_bos() {
+            if let Some(bos) = self.tokenizer.bos_token_id() {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+impl Actor for TokenizerActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<Prepare> for TokenizerActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
+        match self.prompt_ids(&msg.request.input) {
+            Ok(prompt) => self.scheduler.do_send(Submit(TokenizedRequest {
+                seq: msg.seq,
+                client_id: msg.request.client_id,
+                prompt,
+                sampling: msg.request.sampling,
+                events: msg.events,
+                cancel: msg.cancel,
+                received_at: msg.received_at,
+            })),
+            Err(e) => {
+                let _ = msg.events.send(StreamEvent::Error(e));
+            }
+        }
+    }
+}
+
+impl Handler<Encode> for TokenizerActor {
+    type Result = Result<Vec<u32>, InferError>;
+
+    fn handle(&mut self, msg: Encode, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.tokenizer
+            .encode(&msg.text, msg.special)
+            .map_err(|e| InferError::validation(format!("text: {e}")))
+    }
+}
+
+impl Handler<Decode> for TokenizerActor {
+    type Result = String;
+
+    fn handle(&mut self, msg: Decode, _ctx: &mut SyncContext<Self>) -> String {
+        self.tokenizer.decode(&msg.token_ids)
+    }
+}
