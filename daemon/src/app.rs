@@ -44,7 +44,8 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             device,
             q4_1: settings.model.q4_1,
         },
-    )?;
+    )
+    .with_context(|| format!("loading model {} (model.path)", settings.model.path.display()))?;
     let tokenizer = Arc::new(
         TextTokenizer::from_gguf(&loaded.metadata)
             .with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,

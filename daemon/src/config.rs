@@ -154,7 +154,7 @@ impl Settings {
         let mut builder = config::Config::builder().add_source(defaults);
         if let Some(path) = file {
             if !path.is_file() {
-                return Err(ConfigError(format!("config file {} not found", path.display())));
+                return Err(ConfigError(format!("config file {} not found or not a regular file", path.display())));
             }
             builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }
@@ -232,5 +232,62 @@ impl Settings {
             return bad("log.level must not be empty".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("inferd-config-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+
+    #[test]
+    fn shipped_config_equals_the_built_in_defaults() {
+        let p = crate::test_support::workspace_root().join("configs/inferd.toml");
+        let s = Settings::load(Some(&p), &CliOverrides::default()).expect("load");
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn file_then_cli_layers_override_defaults() {
+        let p = write("layers.toml", "[server]\nlisten = \"127.0.0.1:9000\"\n[scheduler]\nmax_running = 3\n");
+        let s = Settings::load(Some(&p), &CliOverrides::default()).expect("load");
+        assert_eq!(s.server.listen, "127.0.0.1:9000");
+        assert_eq!(s.scheduler.max_running, 3);
+        assert_eq!(s.scheduler.max_waiting, 256);
+        let cli = CliOverrides {
+            model: Some(PathBuf::from("/m.gguf")),
+            listen: Some("127.0.0.1:1".into()),
+        };
+        let s = Settings::load(Some(&p), &cli).expect("load");
+        assert_eq!(s.server.listen, "127.0.0.1:1");
+        assert_eq!(s.model.path, PathBuf::from("/m.gguf"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let p = write("unknown.toml", "[model]\npaht = \"x\"\n");
+        let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("unknown key");
+        assert!(e.to_string().contains("paht"), "{e}");
+        let p = write("section.toml", "[modle]\npath = \"x\"\n");
+        let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("unknown section");
+        assert!(e.to_string().contains("modle"), "{e}");
+        let p = write("type.toml", "[scheduler]\nmax_running = \"many\"\n");
+        let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("bad type");
+        assert!(e.to_string().contains("max_running"), "{e}");
+        let p = write("range.toml", "[sampling]\nmin_p = 1.5\n");
+        let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("range");
+        assert!(e.to_string().contains("sampling.min_p must be in [0, 1] (got 1.5)"), "{e}");
+        let p = write("policy.toml", "[model]\nq4_1 = \"fast\"\n");
+        let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("enum");
+        assert!(e.to_string().contains("fast"), "{e}");
+        let e = Settings::load(Some(Path::new("/no/such.toml")), &CliOverrides::default()).expect_err("missing");
+        assert!(e.to_string().contains("/no/such.toml"), "{e}");
     }
 }

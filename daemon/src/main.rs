@@ -49,7 +49,6 @@ fn main() -> ExitCode {
             match inferd::app::run(settings) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    tracing::error!("{e:#}");
                     eprintln!("inferd: error: {e:#}");
                     ExitCode::FAILURE
                 }

@@ -10,13 +10,16 @@ async fn context_window_bounds_prompt_and_generation() {
     let daemon = Daemon::start_with_env(&[("INFERD__MODEL__CONTEXT_LENGTH", "40")]).expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     let long = "word ".repeat(60);
+    c.send(&json!({"type":"tokenize","id":"t","text":long})).await.expect("send");
+    let n = c.recv().await.expect("tokens")["token_ids"].as_array().expect("ids").len();
+    assert!(n > 40);
     let g = c
         .generate(json!({"type":"generate","id":"long","prompt":long,"max_tokens":5}))
         .await
         .expect("generate");
     assert_eq!(g.error_type(), Some("context_length_exceeded"), "{g:?}");
     let msg = g.error.as_ref().expect("error")["error"]["message"].as_str().expect("msg").to_string();
-    assert!(msg.contains("60 tokens") && msg.contains("40 tokens"), "{msg}");
+    assert!(msg.contains(&format!("{n} tokens")) && msg.contains("40 tokens"), "{msg}");
 
     // 4-token prompt, window 40: at most 36 new tokens whatever max_tokens says.
     let g = c

@@ -14,7 +14,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::Device;
 
 use super::llama::{rope_tables, Block, LlamaConfig, LlamaModel};
-use super::ModelError;
+use super::{candle_error_message, ModelError};
 
 /// What to do with Q4_1 weight matrices.
 ///
@@ -164,7 +164,7 @@ impl TensorReader<'_> {
             .tensor(&mut self.reader, name, self.device)
             .map_err(|e| ModelError::Tensor {
                 name: name.to_string(),
-                message: e.to_string(),
+                message: candle_error_message(&e),
             })
     }
 
@@ -204,7 +204,7 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
     let mut reader = BufReader::new(file);
     let content = Content::read(&mut reader).map_err(|e| ModelError::Corrupt {
         path: display.clone(),
-        message: e.to_string(),
+        message: candle_error_message(&e),
     })?;
     let md = &content.metadata;
     let arch = match md.get("general.architecture") {

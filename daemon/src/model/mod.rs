@@ -4,6 +4,7 @@
 
 mod gguf;
 mod llama;
+pub mod q4_1;
 
 pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
 pub use llama::{LlamaConfig, LlamaModel};
@@ -49,8 +50,20 @@ pub enum ModelError {
         message: String,
     },
     /// An error from candle while building the weights.
-    #[error("candle: {0}")]
+    #[error("candle: {}", candle_error_message(.0))]
     Candle(#[from] candle_core::Error),
+}
+
+/// The message of a candle error without the backtrace candle attaches when
+/// `RUST_BACKTRACE` is set (operators get one line, not a stack dump).
+pub fn candle_error_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_error_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_error_message(inner))
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Storage for the keys and values of one sequence, owned by the model runner.

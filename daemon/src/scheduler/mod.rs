@@ -12,3 +12,6 @@ pub mod sequence;
 pub use actor::{Cancel, SchedulerActor, Submit};
 pub use policy::{Scheduler, SchedulerLimits};
 pub use sequence::{Sequence, TokenizedRequest};
+
+#[cfg(test)]
+mod tests;
