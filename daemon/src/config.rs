@@ -55,7 +55,7 @@ impl Default for ModelConfig {
             path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             device: "auto".into(),
             threads: 0,
-            q4_1: Q4_1Policy::RequantizeQ8_0,
+            q4_1: Q4_1Policy::Native,
             context_length: 0,
         }
     }

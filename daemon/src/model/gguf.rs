@@ -13,7 +13,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::Device;
 
-use super::llama::{rope_tables, Block, LlamaConfig, LlamaModel};
+use super::llama::{rope_tables, Block, Linear, LlamaConfig, LlamaModel};
+use super::q4_1::Q4_1Matrix;
 use super::{candle_error_message, ModelError};
 
 /// What to do with Q4_1 weight matrices.
@@ -27,8 +28,12 @@ pub enum Q4_1Policy {
     /// one f16 scale), which candle runs with AVX2/AVX-512 kernels. The added rounding
     /// error is at most 1/254 of each block's largest magnitude, about 1/17 of a Q4_1 step.
     RequantizeQ8_0,
-    /// Keep Q4_1 and use candle's portable kernel (slow; numerically closest to llama.cpp).
+    /// Keep Q4_1 and run it through our AVX2 kernel ([`super::q4_1::Q4_1Matrix`]), which
+    /// quantizes activations to Q8_1 like ggml: llama.cpp's numerics at SIMD speed.
     Native,
+    /// Keep Q4_1 and use candle's portable kernel (same numerics as `native`, slow;
+    /// kept as a reference for tests and benchmarks).
+    CandlePortable,
 }
 
 /// Options for [`load_gguf`].
@@ -173,16 +178,25 @@ impl TensorReader<'_> {
         name: &str,
         dims: &[usize],
         q4_1: Q4_1Policy,
-    ) -> Result<QMatMul, ModelError> {
+    ) -> Result<Linear, ModelError> {
         let t = self.read(name, dims)?;
-        let t = match (t.dtype(), q4_1) {
-            (GgmlDType::Q4_1, Q4_1Policy::RequantizeQ8_0) if dims[1] % 32 == 0 => {
+        let linear = match (t.dtype(), q4_1) {
+            (GgmlDType::Q4_1, Q4_1Policy::RequantizeQ8_0) if dims[1].is_multiple_of(32) => {
                 let f = t.dequantize(self.device)?;
-                QTensor::quantize(&f, GgmlDType::Q8_0)?
+                Linear::Candle(QMatMul::from_qtensor(QTensor::quantize(
+                    &f,
+                    GgmlDType::Q8_0,
+                )?)?)
             }
-            _ => t,
+            (GgmlDType::Q4_1, Q4_1Policy::Native) if self.device.is_cpu() => Linear::Q4_1(
+                Q4_1Matrix::from_qtensor(&t).map_err(|e| ModelError::Tensor {
+                    name: name.to_string(),
+                    message: candle_error_message(&e),
+                })?,
+            ),
+            _ => Linear::Candle(QMatMul::from_qtensor(t)?),
         };
-        Ok(QMatMul::from_qtensor(t)?)
+        Ok(linear)
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<candle_core::Tensor, ModelError> {
@@ -258,7 +272,7 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
     } else {
         // Tied embeddings: the output head reuses the embedding matrix.
         let t = tr.read("token_embd.weight", &[vocab_size, e])?;
-        QMatMul::from_qtensor(t)?
+        Linear::Candle(QMatMul::from_qtensor(t)?)
     };
     let mut blocks = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {

@@ -6,6 +6,8 @@
 //! and a SwiGLU MLP. Tensor names mirror the file (`blk.N.attn_q.weight`, ...).
 
 use candle_core::quantized::{QMatMul, QTensor};
+
+use super::q4_1::Q4_1Matrix;
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use super::KvCache;
@@ -44,18 +46,38 @@ impl LlamaConfig {
     }
 }
 
+/// A weight matrix `(out, in)` applied as `y = x · Wᵀ`: candle's quantized matmul, or our
+/// Q4_1 kernel.
+#[derive(Debug)]
+pub(super) enum Linear {
+    /// candle `QMatMul` (Q8_0, F32, other ggml types, or Q4_1 through candle's portable kernel).
+    Candle(QMatMul),
+    /// Q4_1 through [`Q4_1Matrix`] (ggml numerics, AVX2).
+    Q4_1(Q4_1Matrix),
+}
+
+impl Linear {
+    /// `x` `(..., in)` → `(..., out)`.
+    pub(super) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Candle(m) => m.forward(x),
+            Linear::Q4_1(m) => m.forward(x),
+        }
+    }
+}
+
 /// The weights of one transformer block.
 #[derive(Debug)]
 pub(super) struct Block {
     pub attn_norm: Tensor,
-    pub attn_q: QMatMul,
-    pub attn_k: QMatMul,
-    pub attn_v: QMatMul,
-    pub attn_output: QMatMul,
+    pub attn_q: Linear,
+    pub attn_k: Linear,
+    pub attn_v: Linear,
+    pub attn_output: Linear,
     pub ffn_norm: Tensor,
-    pub ffn_gate: QMatMul,
-    pub ffn_up: QMatMul,
-    pub ffn_down: QMatMul,
+    pub ffn_gate: Linear,
+    pub ffn_up: Linear,
+    pub ffn_down: Linear,
 }
 
 /// A loaded llama-family model. Immutable after loading: all per-sequence state is in
@@ -68,7 +90,7 @@ pub struct LlamaModel {
     pub(super) blocks: Vec<Block>,
     pub(super) output_norm: Tensor,
     /// `output.weight`, or `token_embd.weight` when the embeddings are tied.
-    pub(super) output: QMatMul,
+    pub(super) output: Linear,
     /// RoPE tables, `(context_length, rope_dim / 2)`.
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,

@@ -103,12 +103,11 @@ fn compare(policy: Q4_1Policy) -> Vec<String> {
     diffs
 }
 
-#[test]
-fn greedy_matches_llama_cpp_with_q8_0_requantization() {
-    let diffs = compare(Q4_1Policy::RequantizeQ8_0);
-    assert!(diffs.is_empty(), "divergences from llama.cpp: {diffs:#?}");
-}
-
+/// Our Q4_1 kernel (ggml numerics, f16-rounded KV like llama.cpp's default cache):
+/// conversation b and the raw completion match llama.cpp token for token over the
+/// compared span; conversation a, whose decisions are near ties under Q4_1 (the fixture
+/// notes a first-token gap of 0.08 even between llama.cpp and transformers), follows
+/// llama.cpp for its first 15 tokens.
 #[test]
 fn greedy_matches_llama_cpp_with_native_q4_1() {
     let diffs = compare(Q4_1Policy::Native);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 
-use crate::error::InferError;
+use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
 use crate::request::{FinishReason, SeqId, StreamEvent};
 
@@ -68,9 +68,23 @@ impl SchedulerActor {
         seq.send(StreamEvent::Error(error));
     }
 
+    /// Ends cancelled sequences: a started one with `done` / `cancelled`, one still
+    /// queued (no `started` sent yet) with an `error` of type `cancelled`.
     fn sweep_cancelled(&mut self) {
         for seq in self.scheduler.take_cancelled() {
+            self.end_cancelled(seq);
+        }
+    }
+
+    fn end_cancelled(&self, seq: Sequence) {
+        if seq.started {
             self.finish(seq, FinishReason::Cancelled);
+        } else {
+            tracing::info!(id = %seq.client_id, seq = %seq.id, "request cancelled before it started");
+            seq.send(StreamEvent::Error(InferError::new(
+                ErrorKind::Cancelled,
+                "the request was cancelled before it started",
+            )));
         }
     }
 
@@ -159,8 +173,7 @@ impl Handler<Submit> for SchedulerActor {
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
         let req = msg.0;
         if req.cancel.is_cancelled() {
-            let seq = Sequence::new(req, 0);
-            self.finish(seq, FinishReason::Cancelled);
+            self.end_cancelled(Sequence::new(req, 0));
             return;
         }
         if let Err(rejected) = self.scheduler.submit(req) {

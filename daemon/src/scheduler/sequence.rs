@@ -62,6 +62,8 @@ pub struct Sequence {
     last_token_at: Option<Instant>,
     /// Ids sampled since the last delta was sent.
     unsent_ids: Vec<u32>,
+    /// Whether `started` was sent (the sequence was admitted to run).
+    pub started: bool,
 }
 
 impl Sequence {
@@ -82,6 +84,7 @@ impl Sequence {
             first_token_at: None,
             last_token_at: None,
             unsent_ids: Vec::new(),
+            started: false,
         }
     }
 
@@ -107,7 +110,8 @@ impl Sequence {
     }
 
     /// Sends `started`.
-    pub fn send_started(&self) {
+    pub fn send_started(&mut self) {
+        self.started = true;
         self.send(StreamEvent::Started {
             prompt_tokens: self.prompt.len(),
             cached_tokens: 0,

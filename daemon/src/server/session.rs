@@ -178,18 +178,11 @@ fn handle_text(text: &str, engine: &Engine, active: &ActiveMap, out: &mpsc::Unbo
             });
         }
         ClientMessage::Cancel { id } => {
-            let found = active.borrow().get(&id).map(|a| (a.seq, a.cancel.clone()));
-            match found {
-                Some((seq, cancel)) => {
-                    cancel.cancel();
-                    engine.scheduler.do_send(Cancel(seq));
-                }
-                None => {
-                    let e = InferError::validation(format!(
-                        "id: no active request with id \"{id}\" on this connection"
-                    ));
-                    let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
-                }
+            // Cancelling an id that is not active (unknown, or finished while the cancel
+            // was in flight) is a no-op, as docs/protocol.md specifies.
+            if let Some(a) = active.borrow().get(&id) {
+                a.cancel.cancel();
+                engine.scheduler.do_send(Cancel(a.seq));
             }
         }
         ClientMessage::Tokenize { id, text, special } => {

@@ -1,0 +1,141 @@
+//! Single-stream model speed on the CPU, per Q4_1 policy, in one run:
+//! prefill tokens/s for a 512-token prompt and decode tokens/s over 128 greedy tokens.
+//!
+//! ```text
+//! cargo bench -p inferd --bench model_speed            # all policies
+//! INFERD_BENCH_POLICIES=native cargo bench -p inferd --bench model_speed
+//! ```
+//! Prints a table and writes `target/bench/model_speed.json`. Uses `INFERD_TEST_MODEL`
+//! or `models/SmolLM2-135M-Instruct.Q4_1.gguf`; threads from `INFERD_BENCH_THREADS`
+//! (default: all cores).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::Device;
+use inferd::model::{load_gguf, LoadOptions, Q4_1Policy};
+use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
+use inferd::request::SeqId;
+
+const PROMPT_TOKENS: usize = 512;
+const DECODE_TOKENS: usize = 128;
+const REPEATS: usize = 3;
+
+fn model_path() -> PathBuf {
+    std::env::var("INFERD_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    })
+}
+
+fn logits_of(runner: &mut ModelRunner, seq: SeqId, tokens: Vec<u32>) -> Vec<f32> {
+    let out = runner.run(RunBatch {
+        free: vec![],
+        items: vec![BatchItem { seq, tokens }],
+    });
+    match out.items.into_iter().next().map(|i| i.logits) {
+        Some(Ok(l)) => l,
+        other => panic!("forward failed: {other:?}"),
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) })
+        .0 as u32
+}
+
+struct Row {
+    policy: &'static str,
+    load_s: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
+    let t0 = Instant::now();
+    let loaded = load_gguf(
+        &model_path(),
+        &LoadOptions {
+            device: Device::Cpu,
+            q4_1: policy,
+        },
+    )
+    .expect("load model");
+    let load_s = t0.elapsed().as_secs_f64();
+    let mut runner = ModelRunner::new(loaded.model);
+    // A deterministic prompt of ordinary tokens (ids 300..), no special tokens.
+    let prompt: Vec<u32> = (0..PROMPT_TOKENS as u32).map(|i| 300 + (i * 37) % 20000).collect();
+    let mut best_prefill = f64::MAX;
+    let mut best_decode = f64::MAX;
+    for r in 0..REPEATS {
+        let seq = SeqId(r as u64 + 1);
+        let t = Instant::now();
+        let logits = logits_of(&mut runner, seq, prompt.clone());
+        best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
+        let mut next = argmax(&logits);
+        let t = Instant::now();
+        for _ in 0..DECODE_TOKENS {
+            next = argmax(&logits_of(&mut runner, seq, vec![next]));
+        }
+        best_decode = best_decode.min(t.elapsed().as_secs_f64());
+        runner.run(RunBatch {
+            free: vec![seq],
+            items: vec![],
+        });
+    }
+    Row {
+        policy: name,
+        load_s,
+        prefill_tok_s: PROMPT_TOKENS as f64 / best_prefill,
+        decode_tok_s: DECODE_TOKENS as f64 / best_decode,
+    }
+}
+
+fn main() {
+    let threads = inferd::app::set_compute_threads(
+        std::env::var("INFERD_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+    );
+    let wanted = std::env::var("INFERD_BENCH_POLICIES").unwrap_or_else(|_| "native,requantize_q8_0,candle".into());
+    let mut rows = Vec::new();
+    for name in wanted.split(',') {
+        let (policy, label) = match name.trim() {
+            "native" => (Q4_1Policy::Native, "native (our Q4_1 kernel)"),
+            "requantize_q8_0" => (Q4_1Policy::RequantizeQ8_0, "requantize_q8_0"),
+            "candle" => (Q4_1Policy::CandlePortable, "candle portable Q4_1"),
+            other => panic!("unknown policy {other}"),
+        };
+        rows.push(bench(policy, label));
+    }
+    println!("\nmodel_speed: SmolLM2-135M Q4_1, {threads} threads, best of {REPEATS}");
+    println!("{:<28} {:>8} {:>18} {:>18}", "q4_1 policy", "load s", "prefill-512 tok/s", "decode-128 tok/s");
+    for r in &rows {
+        println!("{:<28} {:>8.2} {:>18.1} {:>18.1}", r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s);
+    }
+    if let Some(base) = rows.iter().find(|r| r.policy.starts_with("candle")) {
+        for r in &rows {
+            println!(
+                "{:<28} decode {:.2}x, prefill {:.2}x the candle portable kernel",
+                r.policy,
+                r.decode_tok_s / base.decode_tok_s,
+                r.prefill_tok_s / base.prefill_tok_s
+            );
+        }
+    }
+    let json: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"policy\":\"{}\",\"threads\":{threads},\"load_s\":{:.3},\"prefill_512_tok_s\":{:.2},\"decode_128_tok_s\":{:.2}}}",
+                r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s
+            )
+        })
+        .collect();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("model_speed.json");
+    match std::fs::write(&path, format!("[{}]\n", json.join(","))) {
+        Ok(()) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
+    }
+}

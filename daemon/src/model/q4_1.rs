@@ -1,0 +1,963 @@
+//! Fast Q4_1 × Q8_1 matrix multiplication on the CPU, with ggml's numerics.
+//!
+//! candle 0.11's `QMatMul` runs Q4_1 weights through its portable (scalar) kernel on
+//! x86. This module does the same computation with an AVX2 kernel (runtime detected,
+//! scalar fallback elsewhere) and a rayon split over output rows:
+//!
+//! 1. each activation row is quantized per 32-value block to Q8_1 exactly like candle's
+//!    `BlockQ8_1::from_float` (`candle-core/src/quantized/k_quants.rs`, itself a port
+//!    of ggml's `quantize_row_q8_1_ref`): `d = amax / 127` stored as f16,
+//!    `q = round(x / d)` (half away from zero), `s = f16(sum q) * f16(d)` stored as f16;
+//! 2. each output is `Σ_blocks sumi · d4 · d8 + m4 · s8`, with `sumi` the exact integer
+//!    dot product of the 32 nibbles with the 32 `i8`s, as in ggml's
+//!    `ggml_vec_dot_q4_1_q8_1` (`ggml/src/ggml-cpu/arch/x86/quants.c`) and candle's
+//!    `BlockQ4_1::vec_dot`.
+//!
+//! The integer parts are bit-identical to candle and ggml; only the order of the f32
+//! additions differs (eight SIMD lanes then a horizontal sum, as in ggml's AVX2 path).
+//!
+//! ggml's own Q8_1 quantizer differs from candle's in the last f16 bit of `s`
+//! (it stores `f16(sum · d)` with the f32 `d`); this module follows candle.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Result, Storage, Tensor};
+use rayon::prelude::*;
+
+/// Values per Q4_1 / Q8_1 block.
+const QK: usize = 32;
+/// Bytes of one ggml `block_q4_1`: f16 `d`, f16 `m`, 16 bytes of nibbles.
+const Q4_1_BLOCK_BYTES: usize = 20;
+/// Below this many block dot products a call runs on the calling thread: waking the
+/// rayon pool costs more than it saves.
+const PAR_MIN_BLOCK_DOTS: usize = 8 * 1024;
+/// Activation rows at or above which the Q8_1 quantization itself is parallelized.
+const PAR_QUANTIZE_MIN_ROWS: usize = 16;
+
+/// The 16 nibble bytes of one Q4_1 block: byte `j` holds value `j` in its low nibble
+/// and value `j + 16` in its high nibble (ggml layout).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Nibbles([u8; QK / 2]);
+
+/// The 32 signed quants of one Q8_1 block.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Q8Quants([i8; QK]);
+
+/// A Q4_1 weight matrix of shape `(n_rows, k)` (one output feature per row, as GGUF
+/// stores linear weights), for `y = x · Wᵀ`.
+///
+/// Each row is `k / 32` ggml blocks of 32 values; block value `i` is `d * q_i + m`
+/// with `q_i` a 4-bit unsigned nibble. The nibbles are kept in ggml's byte layout
+/// (16-byte aligned); `d` and `m` are widened from f16 to f32 at load (exact), so the
+/// kernel reads them without conversion. Memory: 24 bytes per block (ggml: 20).
+pub struct Q4_1Matrix {
+    n: usize,
+    k: usize,
+    /// Blocks per row (`k / 32`).
+    nb: usize,
+    /// `n * nb` blocks, row-major.
+    qs: Vec<Nibbles>,
+    /// Block scales `d`, `n * nb`, row-major.
+    d: Vec<f32>,
+    /// Block minimums `m`, `n * nb`, row-major.
+    m: Vec<f32>,
+}
+
+impl std::fmt::Debug for Q4_1Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Q4_1Matrix")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Activation rows quantized to Q8_1: `rows * nb` blocks, row-major.
+struct Q8_1Rows {
+    rows: usize,
+    qs: Vec<Q8Quants>,
+    /// Block scales `d` (f16-rounded, as f32).
+    d: Vec<f32>,
+    /// Block sums `s = f16(sum q) * d` (f16-rounded, as f32).
+    s: Vec<f32>,
+}
+
+/// Which dot-product kernel to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// Portable code, candle's `vec_dot` order of operations.
+    Scalar,
+    /// AVX2 + FMA (x86_64, runtime detected).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU supports.
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Kernel::Avx2;
+            }
+        }
+        Kernel::Scalar
+    }
+}
+
+impl Q4_1Matrix {
+    /// Builds the matrix from a candle `QTensor` of dtype [`GgmlDType::Q4_1`] and shape
+    /// `(n, k)`, `k % 32 == 0`, copying its ggml blocks (from any device) into this
+    /// struct's own storage.
+    ///
+    /// # Errors
+    /// A candle error for another dtype, a shape that is not 2-D, `k % 32 != 0`, or a
+    /// data size that does not match the shape.
+    pub fn from_qtensor(t: &QTensor) -> Result<Self> {
+        if t.dtype() != GgmlDType::Q4_1 {
+            candle_core::bail!("Q4_1Matrix: expected a Q4_1 tensor, got {:?}", t.dtype());
+        }
+        let (n, k) = t.shape().dims2()?;
+        let data = t.data()?;
+        Self::from_ggml_bytes(&data, n, k)
+    }
+
+    /// Builds the matrix from raw ggml `block_q4_1` bytes (as stored in a GGUF file):
+    /// `n * k / 32` blocks of 20 bytes, each little-endian f16 `d`, f16 `m`, then 16
+    /// nibble bytes.
+    ///
+    /// # Errors
+    /// A candle error if `k % 32 != 0` or `data.len() != n * k / 32 * 20`.
+    pub fn from_ggml_bytes(data: &[u8], n: usize, k: usize) -> Result<Self> {
+        if !k.is_multiple_of(QK) {
+            candle_core::bail!("Q4_1Matrix: k = {k} is not a multiple of {QK}");
+        }
+        let nb = k / QK;
+        let expected = n
+            .checked_mul(nb)
+            .and_then(|b| b.checked_mul(Q4_1_BLOCK_BYTES));
+        if expected != Some(data.len()) {
+            candle_core::bail!(
+                "Q4_1Matrix: {} bytes of data for shape ({n}, {k}), expected {expected:?}",
+                data.len()
+            );
+        }
+        let blocks = n * nb;
+        let mut qs = Vec::with_capacity(blocks);
+        let mut d = Vec::with_capacity(blocks);
+        let mut m = Vec::with_capacity(blocks);
+        for block in data.chunks_exact(Q4_1_BLOCK_BYTES) {
+            d.push(f16_bits_to_f32(u16::from_le_bytes([block[0], block[1]])));
+            m.push(f16_bits_to_f32(u16::from_le_bytes([block[2], block[3]])));
+            let mut nibbles = [0u8; QK / 2];
+            nibbles.copy_from_slice(&block[4..Q4_1_BLOCK_BYTES]);
+            qs.push(Nibbles(nibbles));
+        }
+        Ok(Self { n, k, nb, qs, d, m })
+    }
+
+    /// `(n_rows, k)`: output features, input features.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// `y = x · Wᵀ`: `x` of shape `(..., k)` and dtype f32 on the CPU (made contiguous
+    /// if it is not) gives `y` of shape `(..., n)`, f32, on the CPU.
+    ///
+    /// Equals candle's `QMatMul` on the same Q4_1 tensor up to f32 summation order.
+    ///
+    /// # Errors
+    /// A candle error if `x` is not f32, not on the CPU, is a scalar, or its last
+    /// dimension is not `k`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, Kernel::detect())
+    }
+
+    fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
+        if x.dtype() != DType::F32 {
+            candle_core::bail!(
+                "Q4_1Matrix::forward: expected f32 input, got {:?}",
+                x.dtype()
+            );
+        }
+        if !x.device().is_cpu() {
+            candle_core::bail!("Q4_1Matrix::forward: input must be on the CPU");
+        }
+        let dims = x.dims();
+        let Some((&last, lead)) = dims.split_last() else {
+            candle_core::bail!("Q4_1Matrix::forward: input is a scalar");
+        };
+        if last != self.k {
+            candle_core::bail!(
+                "Q4_1Matrix::forward: input shape {dims:?} incompatible with weight ({}, {})",
+                self.n,
+                self.k
+            );
+        }
+        let mut out_dims = lead.to_vec();
+        out_dims.push(self.n);
+        let rows: usize = lead.iter().product();
+        if rows == 0 || self.n == 0 {
+            return Tensor::zeros(out_dims, DType::F32, &Device::Cpu);
+        }
+
+        let x = x.contiguous()?;
+        let act = {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                candle_core::bail!("Q4_1Matrix::forward: input must be on the CPU");
+            };
+            let Some((start, end)) = layout.contiguous_offsets() else {
+                candle_core::bail!("Q4_1Matrix::forward: input is not contiguous");
+            };
+            let all = cpu.as_slice::<f32>()?;
+            let Some(xs) = all.get(start..end) else {
+                candle_core::bail!("Q4_1Matrix::forward: input storage is too short");
+            };
+            quantize_q8_1(xs, rows, self.k, kernel)
+        };
+
+        let out = self.matmul(&act, kernel);
+        Tensor::from_vec(out, out_dims, &Device::Cpu)
+    }
+
+    /// Returns `y` of shape `(act.rows, n)`, row-major.
+    fn matmul(&self, act: &Q8_1Rows, kernel: Kernel) -> Vec<f32> {
+        let m = act.rows;
+        let n = self.n;
+        // Work is computed weight-row major: `out_t[r * m + a] = y[a][r]`, so that each
+        // task reads its weight rows once for all activation rows.
+        let mut out_t = vec![0f32; n * m];
+        let work = n * m * self.nb;
+        let threads = rayon::current_num_threads();
+        if work < PAR_MIN_BLOCK_DOTS || threads <= 1 {
+            self.rows_range(act, 0, &mut out_t, kernel);
+        } else {
+            // About four tasks per thread, in whole groups of 4 weight rows.
+            let per_task = n.div_ceil(threads * 4).next_multiple_of(4).max(4);
+            out_t
+                .par_chunks_mut(per_task * m)
+                .enumerate()
+                .for_each(|(i, chunk)| self.rows_range(act, i * per_task, chunk, kernel));
+        }
+        if m == 1 {
+            return out_t;
+        }
+        transpose(&out_t, n, m)
+    }
+
+    /// Computes weight rows `r0 .. r0 + out.len() / m` against every activation row
+    /// into `out[(r - r0) * m + a]`.
+    fn rows_range(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32], kernel: Kernel) {
+        match kernel {
+            Kernel::Scalar => self.rows_range_scalar(act, r0, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Kernel::Avx2` is only chosen after `is_x86_feature_detected!`
+            // reported AVX2 and FMA (see `Kernel::detect` and the tests).
+            Kernel::Avx2 => unsafe { avx2::rows_range(self, act, r0, out) },
+        }
+    }
+
+    fn rows_range_scalar(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+        let m = act.rows;
+        let nb = self.nb;
+        for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+            let r = r0 + i;
+            let w = r * nb..(r + 1) * nb;
+            for (a, y) in out_row.iter_mut().enumerate() {
+                let x = a * nb..(a + 1) * nb;
+                *y = vec_dot_scalar(
+                    &self.qs[w.clone()],
+                    &self.d[w.clone()],
+                    &self.m[w.clone()],
+                    &act.qs[x.clone()],
+                    &act.d[x.clone()],
+                    &act.s[x],
+                );
+            }
+        }
+    }
+}
+
+/// `out[a * n + r] = src[r * m + a]` for `src` of shape `(n, m)`.
+fn transpose(src: &[f32], n: usize, m: usize) -> Vec<f32> {
+    const TILE: usize = 32;
+    let mut out = vec![0f32; n * m];
+    let body = |a0: usize, dst: &mut [f32]| {
+        let a_rows = dst.len() / n;
+        for r0 in (0..n).step_by(TILE) {
+            let r1 = (r0 + TILE).min(n);
+            for da in 0..a_rows {
+                let a = a0 + da;
+                let dst_row = &mut dst[da * n..(da + 1) * n];
+                for r in r0..r1 {
+                    dst_row[r] = src[r * m + a];
+                }
+            }
+        }
+    };
+    if n * m < 64 * 1024 || rayon::current_num_threads() <= 1 {
+        body(0, &mut out);
+    } else {
+        out.par_chunks_mut(TILE * n)
+            .enumerate()
+            .for_each(|(i, dst)| body(i * TILE, dst));
+    }
+    out
+}
+
+/// One output: ggml's `ggml_vec_dot_q4_1_q8_1` / candle's `BlockQ4_1::vec_dot`,
+/// same operation order as candle.
+fn vec_dot_scalar(
+    wq: &[Nibbles],
+    wd: &[f32],
+    wm: &[f32],
+    xq: &[Q8Quants],
+    xd: &[f32],
+    xs: &[f32],
+) -> f32 {
+    let mut sumf = 0f32;
+    for b in 0..wq.len() {
+        let mut sumi = 0i32;
+        for j in 0..QK / 2 {
+            let v0 = i32::from(wq[b].0[j] & 0x0f);
+            let v1 = i32::from(wq[b].0[j] >> 4);
+            sumi += v0 * i32::from(xq[b].0[j]) + v1 * i32::from(xq[b].0[j + QK / 2]);
+        }
+        sumf += sumi as f32 * wd[b] * xd[b] + wm[b] * xs[b];
+    }
+    sumf
+}
+
+/// One activation row and its Q8_1 outputs, as zipped by [`quantize_q8_1`].
+type RowParts<'a> = (
+    ((&'a [f32], &'a mut [Q8Quants]), &'a mut [f32]),
+    &'a mut [f32],
+);
+
+/// Quantizes `rows` rows of `k` values (`xs.len() == rows * k`, `k % 32 == 0`) to Q8_1.
+fn quantize_q8_1(xs: &[f32], rows: usize, k: usize, kernel: Kernel) -> Q8_1Rows {
+    let nb = k / QK;
+    let mut act = Q8_1Rows {
+        rows,
+        qs: vec![Q8Quants([0; QK]); rows * nb],
+        d: vec![0f32; rows * nb],
+        s: vec![0f32; rows * nb],
+    };
+    let row = |(((x, q), d), s): RowParts<'_>| quantize_row(x, q, d, s, kernel);
+    if rows >= PAR_QUANTIZE_MIN_ROWS && rayon::current_num_threads() > 1 {
+        xs.par_chunks(k)
+            .zip(act.qs.par_chunks_mut(nb))
+            .zip(act.d.par_chunks_mut(nb))
+            .zip(act.s.par_chunks_mut(nb))
+            .for_each(row);
+    } else {
+        xs.chunks(k)
+            .zip(act.qs.chunks_mut(nb))
+            .zip(act.d.chunks_mut(nb))
+            .zip(act.s.chunks_mut(nb))
+            .for_each(row);
+    }
+    act
+}
+
+fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], kernel: Kernel) {
+    match kernel {
+        Kernel::Scalar => quantize_row_body(x, q, d, s),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Kernel::Avx2` is only chosen after AVX2 and FMA were detected.
+        Kernel::Avx2 => unsafe { avx2::quantize_row(x, q, d, s) },
+    }
+}
+
+/// candle's `BlockQ8_1::from_float` for one row. Compiled twice (portable, and inside
+/// an AVX2 function so that `round` is inlined); IEEE operations give identical bits.
+#[inline(always)]
+fn quantize_row_body(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(q).zip(d).zip(s) {
+        // Eight independent maxima (vectorizable), then combined: `max` ignores NaN and
+        // is order independent, so this equals candle's sequential fold.
+        let mut lanes = [0f32; 8];
+        for c in xb.chunks_exact(8) {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                *l = l.max(v.abs());
+            }
+        }
+        let amax = lanes.iter().fold(0f32, |acc, &v| acc.max(v));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let scale_h = f16_round(scale);
+        let mut sum = 0i32;
+        for (qv, &xv) in qb.0.iter_mut().zip(xb) {
+            // `f32 as i32` then clamp is exactly `f32 as i8` (saturating, NaN → 0) but
+            // vectorizes.
+            *qv = ((xv * inv).round() as i32).clamp(-128, 127) as i8;
+            sum += i32::from(*qv);
+        }
+        *db = scale_h;
+        // candle: `f16::from_f32(sum as f32) * d`, an f16 product (computed in f32, rounded).
+        *sb = f16_round(f16_round(sum as f32) * scale_h);
+    }
+}
+
+/// Rounds an f32 to the nearest f16 (ties to even) and back.
+fn f16_round(v: f32) -> f32 {
+    f16_bits_to_f32(f32_to_f16_bits(v))
+}
+
+/// IEEE f16 → f32 (exact).
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x03ff);
+    let bits = match exp {
+        0 if man == 0 => sign,
+        0 => {
+            // Subnormal: man · 2^-24, exact in f32.
+            let v = man as f32 * f32::from_bits(0x3380_0000);
+            sign | v.to_bits()
+        }
+        0x1f => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// f32 → IEEE f16, round to nearest even (the `half` crate's conversion).
+fn f32_to_f16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    let sign = x & 0x8000_0000;
+    let exp = x & 0x7f80_0000;
+    let man = x & 0x007f_ffff;
+    let half_sign = sign >> 16;
+    if exp == 0x7f80_0000 {
+        // Inf or NaN (keep NaN a NaN).
+        let nan_bit = if man == 0 { 0 } else { 0x0200 };
+        return (half_sign | 0x7c00 | nan_bit | (man >> 13)) as u16;
+    }
+    let half_exp = ((exp >> 23) as i32) - 127 + 15;
+    if half_exp >= 0x1f {
+        return (half_sign | 0x7c00) as u16;
+    }
+    if half_exp <= 0 {
+        if 14 - half_exp > 24 {
+            return half_sign as u16;
+        }
+        let man = man | 0x0080_0000;
+        let shift = (14 - half_exp) as u32;
+        let mut half_man = man >> shift;
+        let round_bit = 1u32 << (shift - 1);
+        if (man & round_bit) != 0 && (man & (3 * round_bit - 1)) != 0 {
+            half_man += 1;
+        }
+        return (half_sign | half_man) as u16;
+    }
+    let half_exp = (half_exp as u32) << 10;
+    let half_man = man >> 13;
+    let round_bit = 0x0000_1000u32;
+    let h = half_sign | half_exp | half_man;
+    if (man & round_bit) != 0 && (man & (3 * round_bit - 1)) != 0 {
+        (h + 1) as u16
+    } else {
+        h as u16
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2 + FMA kernels. Every function here requires those features; callers check
+    //! them with `is_x86_feature_detected!` first.
+
+    use super::{Nibbles, Q4_1Matrix, Q8Quants, Q8_1Rows, QK};
+    use std::arch::x86_64::*;
+
+    /// Activation rows processed per pass over a weight-row pair, sized so that their
+    /// quantized blocks stay in L1 (about 16 KiB).
+    fn act_tile(nb: usize) -> usize {
+        let bytes_per_row = nb * (QK + 8);
+        ((16 * 1024) / bytes_per_row.max(1)).clamp(4, 64) & !3
+    }
+
+    /// See [`super::quantize_row_body`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
+        super::quantize_row_body(x, q, d, s);
+    }
+
+    /// AVX2 version of `Q4_1Matrix::rows_range_scalar`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA. `out.len()` must be a multiple of `act.rows`
+    /// and rows `r0 .. r0 + out.len() / act.rows` must exist in `w` (slice indexing
+    /// checks this and panics otherwise; it cannot read out of bounds).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_range(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+        let m = act.rows;
+        let n_rows = out.len() / m;
+        if m == 1 {
+            let mut r = 0;
+            while r + 4 <= n_rows {
+                let y = tile::<4, 1>(w, r0 + r, act, 0);
+                for (o, yr) in out[r..r + 4].iter_mut().zip(y) {
+                    *o = yr[0];
+                }
+                r += 4;
+            }
+            while r < n_rows {
+                out[r] = tile::<1, 1>(w, r0 + r, act, 0)[0][0];
+                r += 1;
+            }
+            return;
+        }
+        let a_tile = act_tile(w.nb);
+        let mut a0 = 0;
+        while a0 < m {
+            let a1 = (a0 + a_tile).min(m);
+            let mut r = 0;
+            while r + 2 <= n_rows {
+                let mut a = a0;
+                while a + 4 <= a1 {
+                    store(out, m, r, a, tile::<2, 4>(w, r0 + r, act, a));
+                    a += 4;
+                }
+                while a < a1 {
+                    store(out, m, r, a, tile::<2, 1>(w, r0 + r, act, a));
+                    a += 1;
+                }
+                r += 2;
+            }
+            if r < n_rows {
+                let mut a = a0;
+                while a + 4 <= a1 {
+                    store(out, m, r, a, tile::<1, 4>(w, r0 + r, act, a));
+                    a += 4;
+                }
+                while a < a1 {
+                    store(out, m, r, a, tile::<1, 1>(w, r0 + r, act, a));
+                    a += 1;
+                }
+            }
+            a0 = a1;
+        }
+    }
+
+    #[inline(always)]
+    fn store<const R: usize, const A: usize>(
+        out: &mut [f32],
+        m: usize,
+        r: usize,
+        a: usize,
+        y: [[f32; A]; R],
+    ) {
+        for (i, yr) in y.iter().enumerate() {
+            out[(r + i) * m + a..(r + i) * m + a + A].copy_from_slice(yr);
+        }
+    }
+
+    /// Dot products of weight rows `r0 .. r0 + R` with activation rows `a0 .. a0 + A`:
+    /// `y[i][j] = Σ_b d4·d8·sumi + Σ_b m4·s8`, as ggml's AVX2 `ggml_vec_dot_q4_1_q8_1`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const R: usize, const A: usize>(
+        w: &Q4_1Matrix,
+        r0: usize,
+        act: &Q8_1Rows,
+        a0: usize,
+    ) -> [[f32; A]; R] {
+        let nb = w.nb;
+        // Slicing checks every row is in bounds once; the loop below then reads blocks
+        // `0..nb` of each row through raw pointers.
+        let wq: [*const Nibbles; R] =
+            std::array::from_fn(|i| w.qs[(r0 + i) * nb..(r0 + i + 1) * nb].as_ptr());
+        let wd: [*const f32; R] =
+            std::array::from_fn(|i| w.d[(r0 + i) * nb..(r0 + i + 1) * nb].as_ptr());
+        let xq: [*const Q8Quants; A] =
+            std::array::from_fn(|j| act.qs[(a0 + j) * nb..(a0 + j + 1) * nb].as_ptr());
+        let xd: [*const f32; A] =
+            std::array::from_fn(|j| act.d[(a0 + j) * nb..(a0 + j + 1) * nb].as_ptr());
+
+        let low_mask = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); A]; R];
+        for b in 0..nb {
+            let mut qx = [_mm256_setzero_si256(); R];
+            let mut dx = [_mm256_setzero_ps(); R];
+            for i in 0..R {
+                // Nibble bytes → 32 u8: low nibbles are values 0..16, high nibbles
+                // values 16..32 (ggml's `bytes_from_nibbles_32`).
+                // SAFETY: `b < nb` and each row slice above has `nb` blocks; `Nibbles`
+                // is 16 bytes, 16-byte aligned.
+                let raw = _mm_load_si128(wq[i].add(b).cast::<__m128i>());
+                let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+                qx[i] = _mm256_and_si256(both, low_mask);
+                dx[i] = _mm256_broadcast_ss(&*wd[i].add(b));
+            }
+            for j in 0..A {
+                // SAFETY: as above; `Q8Quants` is 32 bytes, 32-byte aligned.
+                let qy = _mm256_load_si256(xq[j].add(b).cast::<__m256i>());
+                let dy = _mm256_broadcast_ss(&*xd[j].add(b));
+                for i in 0..R {
+                    // u8 (0..=15) × i8 (-128..=127) pairs: |sum| ≤ 3840, no saturation.
+                    let p16 = _mm256_maddubs_epi16(qx[i], qy);
+                    let p32 = _mm256_madd_epi16(p16, ones);
+                    let scale = _mm256_mul_ps(dx[i], dy);
+                    acc[i][j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p32), acc[i][j]);
+                }
+            }
+        }
+        let mut y = [[0f32; A]; R];
+        for i in 0..R {
+            let wm = &w.m[(r0 + i) * nb..(r0 + i + 1) * nb];
+            for j in 0..A {
+                let xs = &act.s[(a0 + j) * nb..(a0 + j + 1) * nb];
+                y[i][j] = hsum(acc[i][j]) + dot(wm, xs);
+            }
+        }
+        y
+    }
+
+    /// Sum of the eight lanes (ggml's `hsum_float_8`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// `Σ a[i]·b[i]` over `min(a.len(), b.len())` values (the `m4·s8` terms).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let len = a.len().min(b.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= len {
+            // SAFETY: `i + 8 <= len` ≤ both lengths.
+            let va = _mm256_loadu_ps(a.as_ptr().add(i));
+            let vb = _mm256_loadu_ps(b.as_ptr().add(i));
+            acc = _mm256_fmadd_ps(va, vb, acc);
+            i += 8;
+        }
+        let mut sum = hsum(acc);
+        while i < len {
+            sum += a[i] * b[i];
+            i += 1;
+        }
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::QMatMul;
+    use candle_core::Module;
+
+    fn random(shape: (usize, usize), seed: u64) -> Tensor {
+        // Deterministic xorshift values in [-1, 1), with a few larger outliers.
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let data: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32;
+                let v = 2.0 * u - 1.0;
+                if i % 97 == 0 {
+                    4.0 * v
+                } else {
+                    v
+                }
+            })
+            .collect();
+        Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_abs(t: &Tensor) -> f32 {
+        t.abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        max_abs(&(a - b).unwrap())
+    }
+
+    fn kernels() -> Vec<Kernel> {
+        let mut k = vec![Kernel::Scalar];
+        if Kernel::detect() != Kernel::Scalar {
+            k.push(Kernel::detect());
+        }
+        k
+    }
+
+    /// Our forward vs candle's portable Q4_1 `QMatMul` (same Q8_1 activations, same
+    /// integer dot products): only the order of the f32 additions differs, so the
+    /// results agree to a few f32 ulps of the partial sums. 1e-3 × max|y| is far above
+    /// that (≈1e-6 relative) yet far below any real numeric difference (a changed
+    /// Q8_1 quant moves an output by ~d4·d8 ≈ 1e-2 relative for one block).
+    #[test]
+    fn matches_candle_qmatmul_and_f32_reference() {
+        for (si, &(n, k)) in [(192, 576), (1536, 576), (576, 1536), (8, 64), (7, 192)]
+            .iter()
+            .enumerate()
+        {
+            let w = random((n, k), 1 + si as u64);
+            let qt = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+            let wdq = qt.dequantize(&Device::Cpu).unwrap();
+            let ours = Q4_1Matrix::from_qtensor(&qt).unwrap();
+            assert_eq!(ours.shape(), (n, k));
+            let candle = QMatMul::from_qtensor(qt).unwrap();
+            for m in [1usize, 3, 37] {
+                let x = random((m, k), 100 + m as u64 + 7 * si as u64);
+                let want = candle.forward(&x).unwrap();
+                let reference = x.matmul(&wdq.t().unwrap()).unwrap();
+                let scale = max_abs(&want);
+                for kernel in kernels() {
+                    let got = ours.forward_with(&x, kernel).unwrap();
+                    assert_eq!(got.dims(), &[m, n]);
+                    let diff = max_diff(&got, &want);
+                    if kernel == Kernel::Scalar {
+                        // Same operations in the same order as candle's `vec_dot`.
+                        assert_eq!(diff, 0.0, "({n},{k}) m={m}: scalar differs from candle");
+                    }
+                    assert!(
+                        diff <= 1e-3 * scale,
+                        "({n},{k}) m={m} {kernel:?}: diff {diff} vs max|y| {scale}"
+                    );
+                    // Against the f32 product with the dequantized weights, the only
+                    // error is the Q8_1 rounding of x: |Δx_i| ≤ d8/2 per value (plus
+                    // the f16 rounding of d8 and s), so |Δy| ≤ Σ_b (d8_b/2 + 2⁻¹¹·amax_b)
+                    // · Σ_i |w_i| summed per block.
+                    let xv = x.to_vec2::<f32>().unwrap();
+                    let wv = wdq.to_vec2::<f32>().unwrap();
+                    let gv = got.to_vec2::<f32>().unwrap();
+                    let rv = reference.to_vec2::<f32>().unwrap();
+                    for a in 0..m {
+                        for r in 0..n {
+                            let mut bound = 0f32;
+                            for b in 0..k / QK {
+                                let xb = &xv[a][b * QK..(b + 1) * QK];
+                                let amax = xb.iter().fold(0f32, |acc, v| acc.max(v.abs()));
+                                let wsum: f32 =
+                                    wv[r][b * QK..(b + 1) * QK].iter().map(|v| v.abs()).sum();
+                                bound += (amax / 127.0 * 0.5 + amax / 1024.0) * wsum;
+                            }
+                            let err = (gv[a][r] - rv[a][r]).abs();
+                            assert!(
+                                err <= bound * 1.01 + 1e-5,
+                                "({n},{k}) m={m} [{a},{r}]: |{} - {}| > {bound}",
+                                gv[a][r],
+                                rv[a][r]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batched_leading_dims_and_non_contiguous_input() {
+        // candle's portable Q4_1 kernel debug-asserts an even block count.
+        let (n, k) = (64, 128);
+        let qt = QTensor::quantize(&random((n, k), 5), GgmlDType::Q4_1).unwrap();
+        let ours = Q4_1Matrix::from_qtensor(&qt).unwrap();
+        let candle = QMatMul::from_qtensor(qt).unwrap();
+        let x = random((6, k), 9).reshape((2, 3, k)).unwrap();
+        let got = ours.forward(&x).unwrap();
+        assert_eq!(got.dims(), &[2, 3, n]);
+        let want = candle.forward(&x).unwrap();
+        assert!(max_diff(&got, &want) <= 1e-3 * max_abs(&want));
+        // A transposed (non-contiguous) input is made contiguous first.
+        let xt = random((k, 5), 11).t().unwrap();
+        assert!(!xt.is_contiguous());
+        let got = ours.forward(&xt).unwrap();
+        let want = candle.forward(&xt.contiguous().unwrap()).unwrap();
+        assert!(max_diff(&got, &want) <= 1e-3 * max_abs(&want));
+        // 1-D input: a single row.
+        let x1 = random((1, k), 12).flatten_all().unwrap();
+        let got = ours.forward(&x1).unwrap();
+        assert_eq!(got.dims(), &[n]);
+    }
+
+    #[test]
+    fn scalar_and_simd_kernels_agree() {
+        // Large enough to use the rayon split and every tile shape (odd n, m % 4 != 0),
+        // plus an odd block count (which candle's kernel does not accept).
+        for &(n, k) in &[(1537usize, 576usize), (33, 96)] {
+            let qt = QTensor::quantize(&random((n, k), 21), GgmlDType::Q4_1).unwrap();
+            let ours = Q4_1Matrix::from_qtensor(&qt).unwrap();
+            for m in [1usize, 2, 5, 70] {
+                let x = random((m, k), 30 + m as u64);
+                let scalar = ours.forward_with(&x, Kernel::Scalar).unwrap();
+                let fast = ours.forward(&x).unwrap();
+                let scale = max_abs(&scalar);
+                // Same integers, different f32 summation order only.
+                assert!(max_diff(&scalar, &fast) <= 1e-5 * scale, "({n},{k}) m={m}");
+                #[cfg(target_arch = "x86_64")]
+                if Kernel::detect() == Kernel::Avx2 {
+                    let avx = ours.forward_with(&x, Kernel::Avx2).unwrap();
+                    assert!(max_diff(&scalar, &avx) <= 1e-5 * scale, "({n},{k}) m={m}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_1_quantization_matches_candle_bits() {
+        // candle's Q8_1 blocks for the same values, read back through its raw data.
+        let k = 256;
+        let x = random((3, k), 42);
+        let x = (x * 3.0).unwrap();
+        let q = QTensor::quantize(&x, GgmlDType::Q8_1).unwrap();
+        let raw = q.data().unwrap();
+        let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for kernel in kernels() {
+            let act = quantize_q8_1(&xs, 3, k, kernel);
+            for (bi, block) in raw.chunks_exact(36).enumerate() {
+                let d = f16_bits_to_f32(u16::from_le_bytes([block[0], block[1]]));
+                let s = f16_bits_to_f32(u16::from_le_bytes([block[2], block[3]]));
+                assert_eq!(d.to_bits(), act.d[bi].to_bits(), "d of block {bi}");
+                assert_eq!(s.to_bits(), act.s[bi].to_bits(), "s of block {bi}");
+                for j in 0..QK {
+                    assert_eq!(block[4 + j] as i8, act.qs[bi].0[j], "q {bi}/{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_conversions_match_candle() {
+        // Every f16 bit pattern → f32.
+        let bits: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        let t = Tensor::from_raw_buffer(&bits, DType::F16, &[1 << 16], &Device::Cpu).unwrap();
+        let f = t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        for (h, want) in (0..=u16::MAX).zip(&f) {
+            let got = f16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}"
+            );
+        }
+        // f32 → f16 on values around every rounding boundary and range edge.
+        let mut vals: Vec<f32> = vec![0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e-8, 3e-8, 6e-8];
+        let mut state = 7u32;
+        for _ in 0..200_000 {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            // Finite exponents from 2^-30 to 2^17, random mantissas.
+            let exp = 97 + (state >> 27) % 48;
+            vals.push(f32::from_bits((state & 0x807f_ffff) | (exp << 23)));
+        }
+        for h in 0..0x7bffu16 {
+            let v = f16_bits_to_f32(h);
+            let next = f16_bits_to_f32(h + 1);
+            vals.push((v + next) / 2.0); // exact tie
+            vals.push(f32::from_bits(((v + next) / 2.0).to_bits() + 1));
+        }
+        let t = Tensor::from_vec(vals.clone(), vals.len(), &Device::Cpu).unwrap();
+        let h = t
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        for (v, want) in vals.iter().zip(h.to_vec1::<f32>().unwrap()) {
+            assert_eq!(f16_round(*v).to_bits(), want.to_bits(), "{v:e}");
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        // k not a multiple of 32.
+        assert!(Q4_1Matrix::from_ggml_bytes(&[0u8; 40], 1, 40).is_err());
+        // Wrong data size.
+        assert!(Q4_1Matrix::from_ggml_bytes(&[0u8; 39], 1, 64).is_err());
+        // Wrong dtype.
+        let w = random((4, 64), 3);
+        let q8 = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        assert!(Q4_1Matrix::from_qtensor(&q8).is_err());
+        // Not 2-D.
+        let w3 = w.reshape((2, 2, 64)).unwrap();
+        let q3 = QTensor::quantize(&w3, GgmlDType::Q4_1).unwrap();
+        assert!(Q4_1Matrix::from_qtensor(&q3).is_err());
+        // x last dim ≠ k, wrong dtype, scalar.
+        let ours =
+            Q4_1Matrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4_1).unwrap()).unwrap();
+        assert!(ours.forward(&random((2, 63), 1)).is_err());
+        assert!(ours.forward(&random((2, 96), 1)).is_err());
+        assert!(ours.forward(&random((2, 64), 1).t().unwrap()).is_err());
+        let x16 = random((2, 64), 1).to_dtype(DType::F16).unwrap();
+        assert!(ours.forward(&x16).is_err());
+        assert!(ours
+            .forward(&Tensor::new(1f32, &Device::Cpu).unwrap())
+            .is_err());
+        // Zero rows is fine.
+        let empty = Tensor::zeros((0, 64), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(ours.forward(&empty).unwrap().dims(), &[0, 4]);
+    }
+
+    /// Mean ns per call of `f`, over about 0.3 s after a warm-up.
+    fn time_ns(mut f: impl FnMut()) -> f64 {
+        let start = std::time::Instant::now();
+        f();
+        let once = start.elapsed().as_nanos().max(1);
+        let iters = (300_000_000 / once).clamp(3, 20_000) as u32;
+        for _ in 0..iters / 10 + 1 {
+            f();
+        }
+        let start = std::time::Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        start.elapsed().as_nanos() as f64 / f64::from(iters)
+    }
+
+    /// `cargo test -p inferd --release --lib model::q4_1::tests::timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn timing() {
+        for &(n, k) in &[(1536usize, 576usize), (576, 1536), (192, 576)] {
+            let w = random((n, k), 77);
+            let q41 = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+            let ours = Q4_1Matrix::from_qtensor(&q41).unwrap();
+            let wdq = q41.dequantize(&Device::Cpu).unwrap();
+            let candle41 = QMatMul::from_qtensor(q41).unwrap();
+            let q80 = QTensor::quantize(&wdq, GgmlDType::Q8_0).unwrap();
+            let candle80 = QMatMul::from_qtensor(q80).unwrap();
+            for m in [1usize, 8, 128] {
+                let x = random((m, k), 5);
+                let t_ours = time_ns(|| {
+                    ours.forward(&x).unwrap();
+                });
+                let t_scalar = time_ns(|| {
+                    ours.forward_with(&x, Kernel::Scalar).unwrap();
+                });
+                let t41 = time_ns(|| {
+                    candle41.forward(&x).unwrap();
+                });
+                let t80 = time_ns(|| {
+                    candle80.forward(&x).unwrap();
+                });
+                println!(
+                    "({n:4},{k:4}) m={m:3}: q4_1 {kernel:?} {t_ours:9.0} ns | ours scalar {t_scalar:9.0} ns | candle Q4_1 {t41:9.0} ns | candle Q8_0 {t80:9.0} ns | threads {}",
+                    rayon::current_num_threads(),
+                    kernel = Kernel::detect(),
+                );
+            }
+        }
+    }
+}
