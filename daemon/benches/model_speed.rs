@@ -22,9 +22,12 @@ const DECODE_TOKENS: usize = 128;
 const REPEATS: usize = 3;
 
 fn model_path() -> PathBuf {
-    std::env::var("INFERD_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    })
+    std::env::var("INFERD_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
 }
 
 fn logits_of(runner: &mut ModelRunner, seq: SeqId, tokens: Vec<u32>) -> Vec<f32> {
@@ -41,7 +44,13 @@ fn logits_of(runner: &mut ModelRunner, seq: SeqId, tokens: Vec<u32>) -> Vec<f32>
 fn argmax(v: &[f32]) -> u32 {
     v.iter()
         .enumerate()
-        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &x)| if x > bv { (i, x) } else { (bi, bv) })
+        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
         .0 as u32
 }
 
@@ -65,7 +74,9 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     let load_s = t0.elapsed().as_secs_f64();
     let mut runner = ModelRunner::new(loaded.model);
     // A deterministic prompt of ordinary tokens (ids 300..), no special tokens.
-    let prompt: Vec<u32> = (0..PROMPT_TOKENS as u32).map(|i| 300 + (i * 37) % 20000).collect();
+    let prompt: Vec<u32> = (0..PROMPT_TOKENS as u32)
+        .map(|i| 300 + (i * 37) % 20000)
+        .collect();
     let mut best_prefill = f64::MAX;
     let mut best_decode = f64::MAX;
     for r in 0..REPEATS {
@@ -94,9 +105,13 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
 
 fn main() {
     let threads = inferd::app::set_compute_threads(
-        std::env::var("INFERD_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        std::env::var("INFERD_BENCH_THREADS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
     );
-    let wanted = std::env::var("INFERD_BENCH_POLICIES").unwrap_or_else(|_| "native,requantize_q8_0,candle".into());
+    let wanted = std::env::var("INFERD_BENCH_POLICIES")
+        .unwrap_or_else(|_| "native,requantize_q8_0,candle".into());
     let mut rows = Vec::new();
     for name in wanted.split(',') {
         let (policy, label) = match name.trim() {
@@ -108,9 +123,15 @@ fn main() {
         rows.push(bench(policy, label));
     }
     println!("\nmodel_speed: SmolLM2-135M Q4_1, {threads} threads, best of {REPEATS}");
-    println!("{:<28} {:>8} {:>18} {:>18}", "q4_1 policy", "load s", "prefill-512 tok/s", "decode-128 tok/s");
+    println!(
+        "{:<28} {:>8} {:>18} {:>18}",
+        "q4_1 policy", "load s", "prefill-512 tok/s", "decode-128 tok/s"
+    );
     for r in &rows {
-        println!("{:<28} {:>8.2} {:>18.1} {:>18.1}", r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s);
+        println!(
+            "{:<28} {:>8.2} {:>18.1} {:>18.1}",
+            r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s
+        );
     }
     if let Some(base) = rows.iter().find(|r| r.policy.starts_with("candle")) {
         for r in &rows {

@@ -45,7 +45,12 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             q4_1: settings.model.q4_1,
         },
     )
-    .with_context(|| format!("loading model {} (model.path)", settings.model.path.display()))?;
+    .with_context(|| {
+        format!(
+            "loading model {} (model.path)",
+            settings.model.path.display()
+        )
+    })?;
     let tokenizer = Arc::new(
         TextTokenizer::from_gguf(&loaded.metadata)
             .with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,

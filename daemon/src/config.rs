@@ -154,7 +154,10 @@ impl Settings {
         let mut builder = config::Config::builder().add_source(defaults);
         if let Some(path) = file {
             if !path.is_file() {
-                return Err(ConfigError(format!("config file {} not found or not a regular file", path.display())));
+                return Err(ConfigError(format!(
+                    "config file {} not found or not a regular file",
+                    path.display()
+                )));
             }
             builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }
@@ -174,7 +177,9 @@ impl Settings {
                 .map_err(|e| ConfigError(e.to_string()))?;
         }
         let cfg = builder.build().map_err(|e| ConfigError(e.to_string()))?;
-        let settings: Settings = cfg.try_deserialize().map_err(|e| ConfigError(e.to_string()))?;
+        let settings: Settings = cfg
+            .try_deserialize()
+            .map_err(|e| ConfigError(e.to_string()))?;
         settings.validate()?;
         Ok(settings)
     }
@@ -200,30 +205,48 @@ impl Settings {
         if self.model.path.as_os_str().is_empty() {
             return bad("model.path must not be empty".into());
         }
-        if self.model.device != "auto" && self.model.device != "cpu" && !self.model.device.starts_with("cuda:") {
+        if self.model.device != "auto"
+            && self.model.device != "cpu"
+            && !self.model.device.starts_with("cuda:")
+        {
             return bad(format!(
                 "model.device must be \"auto\", \"cpu\" or \"cuda:N\" (got \"{}\")",
                 self.model.device
             ));
         }
         if self.model.threads > 1024 {
-            return bad(format!("model.threads must be in [0, 1024] (got {})", self.model.threads));
+            return bad(format!(
+                "model.threads must be in [0, 1024] (got {})",
+                self.model.threads
+            ));
         }
         if self.scheduler.max_running == 0 {
             return bad("scheduler.max_running must be >= 1 (got 0)".into());
         }
         if self.tokenizer.threads == 0 || self.tokenizer.threads > 64 {
-            return bad(format!("tokenizer.threads must be in [1, 64] (got {})", self.tokenizer.threads));
+            return bad(format!(
+                "tokenizer.threads must be in [1, 64] (got {})",
+                self.tokenizer.threads
+            ));
         }
         let s = &self.sampling;
         if !(0.0..=100.0).contains(&s.temperature) {
-            return bad(format!("sampling.temperature must be in [0, 100] (got {})", s.temperature));
+            return bad(format!(
+                "sampling.temperature must be in [0, 100] (got {})",
+                s.temperature
+            ));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return bad(format!("sampling.top_p must be in (0, 1] (got {})", s.top_p));
+            return bad(format!(
+                "sampling.top_p must be in (0, 1] (got {})",
+                s.top_p
+            ));
         }
         if !(0.0..=1.0).contains(&s.min_p) {
-            return bad(format!("sampling.min_p must be in [0, 1] (got {})", s.min_p));
+            return bad(format!(
+                "sampling.min_p must be in [0, 1] (got {})",
+                s.min_p
+            ));
         }
         if s.max_tokens == 0 {
             return bad("sampling.max_tokens must be >= 1 (got 0)".into());
@@ -256,7 +279,10 @@ mod tests {
 
     #[test]
     fn file_then_cli_layers_override_defaults() {
-        let p = write("layers.toml", "[server]\nlisten = \"127.0.0.1:9000\"\n[scheduler]\nmax_running = 3\n");
+        let p = write(
+            "layers.toml",
+            "[server]\nlisten = \"127.0.0.1:9000\"\n[scheduler]\nmax_running = 3\n",
+        );
         let s = Settings::load(Some(&p), &CliOverrides::default()).expect("load");
         assert_eq!(s.server.listen, "127.0.0.1:9000");
         assert_eq!(s.scheduler.max_running, 3);
@@ -283,11 +309,16 @@ mod tests {
         assert!(e.to_string().contains("max_running"), "{e}");
         let p = write("range.toml", "[sampling]\nmin_p = 1.5\n");
         let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("range");
-        assert!(e.to_string().contains("sampling.min_p must be in [0, 1] (got 1.5)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("sampling.min_p must be in [0, 1] (got 1.5)"),
+            "{e}"
+        );
         let p = write("policy.toml", "[model]\nq4_1 = \"fast\"\n");
         let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("enum");
         assert!(e.to_string().contains("fast"), "{e}");
-        let e = Settings::load(Some(Path::new("/no/such.toml")), &CliOverrides::default()).expect_err("missing");
+        let e = Settings::load(Some(Path::new("/no/such.toml")), &CliOverrides::default())
+            .expect_err("missing");
         assert!(e.to_string().contains("/no/such.toml"), "{e}");
     }
 }

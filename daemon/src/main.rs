@@ -34,8 +34,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config, model, listen } => {
-            let settings = match Settings::load(config.as_deref(), &CliOverrides { model, listen }) {
+        Command::Serve {
+            config,
+            model,
+            listen,
+        } => {
+            let settings = match Settings::load(config.as_deref(), &CliOverrides { model, listen })
+            {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("inferd: {e}");

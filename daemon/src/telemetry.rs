@@ -11,7 +11,9 @@ use tracing_subscriber::EnvFilter;
 /// An invalid filter directive in `level`, naming it.
 pub fn init(level: &str) -> Result<(), String> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.trim().is_empty() => EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG = \"{v}\": {e}"))?,
+        Ok(v) if !v.trim().is_empty() => {
+            EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG = \"{v}\": {e}"))?
+        }
         _ => EnvFilter::try_new(level).map_err(|e| format!("log.level = \"{level}\": {e}"))?,
     };
     let _ = tracing_subscriber::fmt()

@@ -180,7 +180,10 @@ pub fn start_failure(args: &[&str], env: &[(&str, &str)]) -> Result<(Option<i32>
         cmd.env(k, v);
     }
     let out = cmd.output().context("running inferd")?;
-    Ok((out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned()))
+    Ok((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
 
 /// A WebSocket client speaking protocol v1.
@@ -191,7 +194,9 @@ pub struct Client {
 impl Client {
     /// Connects to `url`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.context("connect")?;
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .context("connect")?;
         Ok(Self { ws })
     }
 
@@ -235,7 +240,10 @@ impl Client {
 
     /// Sends `req` and collects its frames until `done` or `error` for its id.
     pub async fn generate(&mut self, req: Value) -> Result<Generation> {
-        let id = req["id"].as_str().ok_or_else(|| anyhow!("request needs an id"))?.to_string();
+        let id = req["id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("request needs an id"))?
+            .to_string();
         self.send(&req).await?;
         let mut g = Generation::default();
         loop {
@@ -250,7 +258,12 @@ impl Client {
     }
 
     /// Greedy chat request with `messages`.
-    pub async fn chat_greedy(&mut self, id: &str, messages: Value, max_tokens: u64) -> Result<Generation> {
+    pub async fn chat_greedy(
+        &mut self,
+        id: &str,
+        messages: Value,
+        max_tokens: u64,
+    ) -> Result<Generation> {
         self.generate(json!({"type":"generate","id":id,"messages":messages,"max_tokens":max_tokens,"temperature":0}))
             .await
     }
@@ -283,7 +296,8 @@ impl Generation {
                 self.text.push_str(&t);
                 self.deltas.push(t);
                 if let Some(ids) = f["token_ids"].as_array() {
-                    self.token_ids.extend(ids.iter().filter_map(|x| x.as_u64()).map(|x| x as u32));
+                    self.token_ids
+                        .extend(ids.iter().filter_map(|x| x.as_u64()).map(|x| x as u32));
                 }
             }
             Some("done") => {
@@ -306,13 +320,20 @@ impl Generation {
 
     /// `error.error.type`.
     pub fn error_type(&self) -> Option<&str> {
-        self.error.as_ref().and_then(|e| e["error"]["type"].as_str())
+        self.error
+            .as_ref()
+            .and_then(|e| e["error"]["type"].as_str())
     }
 }
 
 /// Token ids of a JSON array.
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
         .unwrap_or_default()
 }

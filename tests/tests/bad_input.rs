@@ -4,13 +4,22 @@
 use inferd_e2e::Daemon;
 use serde_json::{json, Value};
 
-async fn expect_error(c: &mut inferd_e2e::Client, frame: &str, kind: &str, fragment: &str, id: Value) {
+async fn expect_error(
+    c: &mut inferd_e2e::Client,
+    frame: &str,
+    kind: &str,
+    fragment: &str,
+    id: Value,
+) {
     c.send_text(frame).await.expect("send");
     let f = c.recv().await.expect("frame");
     assert_eq!(f["type"], "error", "frame {frame} gave {f}");
     assert_eq!(f["error"]["type"], kind, "frame {frame} gave {f}");
     let msg = f["error"]["message"].as_str().expect("message");
-    assert!(msg.contains(fragment), "message {msg:?} lacks {fragment:?} (frame {frame})");
+    assert!(
+        msg.contains(fragment),
+        "message {msg:?} lacks {fragment:?} (frame {frame})"
+    );
     assert_eq!(f["id"], id, "frame {frame} gave {f}");
 }
 
@@ -23,27 +32,111 @@ async fn bad_frames_get_errors_and_the_connection_survives() {
     expect_error(&mut c, "[1,2]", v, "object", Value::Null).await;
     expect_error(&mut c, r#"{"type":"fly","id":"x"}"#, v, "fly", json!("x")).await;
     expect_error(&mut c, r#"{"id":"x"}"#, v, "type", json!("x")).await;
-    expect_error(&mut c, r#"{"type":"generate","prompt":"hi"}"#, v, "id", Value::Null).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g"}"#, v, "messages", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","messages":[]}"#, v, "messages", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","temperature":-1}"#, v, "temperature", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","top_p":1.5}"#, v, "top_p", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","top_p":0}"#, v, "top_p", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","max_tokens":0}"#, v, "max_tokens", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","max_tokens":"ten"}"#, v, "max_tokens", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","messages":[{"role":"user"}]}"#, v, "content", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"generate","id":"g","prompt":"hi","wat":1}"#, v, "wat", json!("g")).await;
-    expect_error(&mut c, r#"{"type":"detokenize","id":"d","token_ids":[1,99999999]}"#, v, "99999999", json!("d")).await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","prompt":"hi"}"#,
+        v,
+        "id",
+        Value::Null,
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g"}"#,
+        v,
+        "messages",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","messages":[]}"#,
+        v,
+        "messages",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","temperature":-1}"#,
+        v,
+        "temperature",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","top_p":1.5}"#,
+        v,
+        "top_p",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","top_p":0}"#,
+        v,
+        "top_p",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","max_tokens":0}"#,
+        v,
+        "max_tokens",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","max_tokens":"ten"}"#,
+        v,
+        "max_tokens",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","messages":[{"role":"user"}]}"#,
+        v,
+        "content",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"generate","id":"g","prompt":"hi","wat":1}"#,
+        v,
+        "wat",
+        json!("g"),
+    )
+    .await;
+    expect_error(
+        &mut c,
+        r#"{"type":"detokenize","id":"d","token_ids":[1,99999999]}"#,
+        v,
+        "99999999",
+        json!("d"),
+    )
+    .await;
     // Cancelling an unknown id is a no-op (no frame): the next frame answers the tokenize.
-    c.send_text(r#"{"type":"cancel","id":"nope"}"#).await.expect("send");
+    c.send_text(r#"{"type":"cancel","id":"nope"}"#)
+        .await
+        .expect("send");
     c.send_binary(vec![1, 2, 3]).await.expect("binary");
     let f = c.recv().await.expect("frame");
     assert_eq!(f["error"]["type"], "validation");
 
     // Still usable, and the daemon is still up.
-    c.send(&json!({"type":"tokenize","id":"t","text":"Hello world"})).await.expect("send");
+    c.send(&json!({"type":"tokenize","id":"t","text":"Hello world"}))
+        .await
+        .expect("send");
     let f = c.recv().await.expect("frame");
-    assert_eq!(f, json!({"type":"tokens","id":"t","token_ids":[19556, 905]}));
+    assert_eq!(
+        f,
+        json!({"type":"tokens","id":"t","token_ids":[19556, 905]})
+    );
     assert!(daemon.is_running());
 }
 
@@ -69,7 +162,10 @@ async fn duplicate_active_id_is_rejected_without_harming_the_first() {
     let e = dup_error.expect("duplicate id error");
     assert_eq!(e["id"], "dup");
     assert_eq!(e["error"]["type"], "validation");
-    assert!(e["error"]["message"].as_str().expect("msg").contains("already active"));
+    assert!(e["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .contains("already active"));
     assert_eq!(g.finish_reason(), Some("length"));
     assert_eq!(g.token_ids.len(), 40);
     // Once done, the id can be reused.

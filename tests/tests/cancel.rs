@@ -16,7 +16,9 @@ async fn cancel_mid_stream_gives_done_cancelled() {
     loop {
         let f = c.recv().await.expect("frame");
         if f["type"] == "delta" && !cancelled {
-            c.send(&json!({"type":"cancel","id":"long"})).await.expect("cancel");
+            c.send(&json!({"type":"cancel","id":"long"}))
+                .await
+                .expect("cancel");
             cancelled = true;
         }
         if g.absorb(f) {
@@ -24,11 +26,15 @@ async fn cancel_mid_stream_gives_done_cancelled() {
         }
     }
     assert_eq!(g.finish_reason(), Some("cancelled"));
-    let n = g.done.as_ref().expect("done")["usage"]["completion_tokens"].as_u64().expect("n");
+    let n = g.done.as_ref().expect("done")["usage"]["completion_tokens"]
+        .as_u64()
+        .expect("n");
     assert!(n < 100, "cancel took effect only after {n} tokens");
     // The connection and engine keep working.
     let g = c
-        .generate(json!({"type":"generate","id":"after","prompt":"Hi","max_tokens":3,"temperature":0}))
+        .generate(
+            json!({"type":"generate","id":"after","prompt":"Hi","max_tokens":3,"temperature":0}),
+        )
         .await
         .expect("after");
     assert_eq!(g.finish_reason(), Some("length"));

@@ -13,10 +13,15 @@ async fn two_requests_on_one_connection_interleave_and_match_solo_runs() {
     let daemon = Daemon::start().expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     let solo_a = c.generate(req("a", "Once upon a time")).await.expect("a");
-    let solo_b = c.generate(req("b", "The best way to learn Rust is")).await.expect("b");
+    let solo_b = c
+        .generate(req("b", "The best way to learn Rust is"))
+        .await
+        .expect("b");
 
     c.send(&req("a", "Once upon a time")).await.expect("send");
-    c.send(&req("b", "The best way to learn Rust is")).await.expect("send");
+    c.send(&req("b", "The best way to learn Rust is"))
+        .await
+        .expect("send");
     let (mut a, mut b) = (Generation::default(), Generation::default());
     let mut order = Vec::new();
     while a.done.is_none() || b.done.is_none() {

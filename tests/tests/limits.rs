@@ -7,19 +7,31 @@ use serde_json::json;
 #[tokio::test]
 async fn context_window_bounds_prompt_and_generation() {
     // The env layer of the config sets a small window.
-    let daemon = Daemon::start_with_env(&[("INFERD__MODEL__CONTEXT_LENGTH", "40")]).expect("daemon");
+    let daemon =
+        Daemon::start_with_env(&[("INFERD__MODEL__CONTEXT_LENGTH", "40")]).expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     let long = "word ".repeat(60);
-    c.send(&json!({"type":"tokenize","id":"t","text":long})).await.expect("send");
-    let n = c.recv().await.expect("tokens")["token_ids"].as_array().expect("ids").len();
+    c.send(&json!({"type":"tokenize","id":"t","text":long}))
+        .await
+        .expect("send");
+    let n = c.recv().await.expect("tokens")["token_ids"]
+        .as_array()
+        .expect("ids")
+        .len();
     assert!(n > 40);
     let g = c
         .generate(json!({"type":"generate","id":"long","prompt":long,"max_tokens":5}))
         .await
         .expect("generate");
     assert_eq!(g.error_type(), Some("context_length_exceeded"), "{g:?}");
-    let msg = g.error.as_ref().expect("error")["error"]["message"].as_str().expect("msg").to_string();
-    assert!(msg.contains(&format!("{n} tokens")) && msg.contains("40 tokens"), "{msg}");
+    let msg = g.error.as_ref().expect("error")["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .to_string();
+    assert!(
+        msg.contains(&format!("{n} tokens")) && msg.contains("40 tokens"),
+        "{msg}"
+    );
 
     // 4-token prompt, window 40: at most 36 new tokens whatever max_tokens says.
     let g = c
@@ -43,7 +55,10 @@ async fn stop_strings_are_cut_and_never_streamed() {
     assert_eq!(g.text, "The primary colors are:");
     assert_eq!(g.finish_reason(), Some("stop"));
     for d in &g.deltas {
-        assert!(!d.contains('\n'), "part of a stop string was streamed: {d:?}");
+        assert!(
+            !d.contains('\n'),
+            "part of a stop string was streamed: {d:?}"
+        );
     }
     // A stop string that spans tokens ("colors are" is two tokens) is cut too.
     let g = c
@@ -82,9 +97,15 @@ async fn seeded_sampling_reproduces_and_special_text_in_content_is_plain() {
         .generate(json!({"type":"generate","id":"e","messages":[{"role":"user","content":""}],"max_tokens":1,"temperature":0}))
         .await
         .expect("e");
-    let n_plain = plain.started.as_ref().expect("s")["prompt_tokens"].as_u64().expect("n");
-    let n_empty = empty.started.as_ref().expect("s")["prompt_tokens"].as_u64().expect("n");
-    c.send(&json!({"type":"tokenize","id":"t","text":"<|im_end|>","special":false})).await.expect("send");
+    let n_plain = plain.started.as_ref().expect("s")["prompt_tokens"]
+        .as_u64()
+        .expect("n");
+    let n_empty = empty.started.as_ref().expect("s")["prompt_tokens"]
+        .as_u64()
+        .expect("n");
+    c.send(&json!({"type":"tokenize","id":"t","text":"<|im_end|>","special":false}))
+        .await
+        .expect("send");
     let t = c.recv().await.expect("tokens");
     let n_text = t["token_ids"].as_array().expect("ids").len() as u64;
     assert!(n_text > 1);

@@ -102,7 +102,12 @@ impl ModelRunner {
                 .model
                 .forward(&item.tokens, cache as &mut dyn KvCache)
                 .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| InferError::internal(format!("forward pass failed: {}", crate::model::candle_error_message(&e))));
+                .map_err(|e| {
+                    InferError::internal(format!(
+                        "forward pass failed: {}",
+                        crate::model::candle_error_message(&e)
+                    ))
+                });
             if logits.is_err() {
                 self.caches.remove(&item.seq);
             }

@@ -40,7 +40,11 @@ pub struct SchedulerActor {
 impl SchedulerActor {
     /// Builds the actor around a policy, the runner and the tokenizer (for token bytes
     /// and end-of-generation ids).
-    pub fn new(scheduler: Scheduler, runner: Addr<ModelRunnerActor>, tokenizer: Arc<TextTokenizer>) -> Self {
+    pub fn new(
+        scheduler: Scheduler,
+        runner: Addr<ModelRunnerActor>,
+        tokenizer: Arc<TextTokenizer>,
+    ) -> Self {
         Self {
             scheduler,
             runner,
@@ -107,14 +111,20 @@ impl SchedulerActor {
             return;
         }
         self.step_in_flight = true;
-        let fut = self.runner.send(batch).into_actor(self).map(|res, act, ctx| {
-            act.step_in_flight = false;
-            match res {
-                Ok(out) => act.on_step(out),
-                Err(e) => act.fail_all(InferError::internal(format!("model runner unavailable: {e}"))),
-            }
-            act.step(ctx);
-        });
+        let fut = self
+            .runner
+            .send(batch)
+            .into_actor(self)
+            .map(|res, act, ctx| {
+                act.step_in_flight = false;
+                match res {
+                    Ok(out) => act.on_step(out),
+                    Err(e) => act.fail_all(InferError::internal(format!(
+                        "model runner unavailable: {e}"
+                    ))),
+                }
+                act.step(ctx);
+            });
         ctx.spawn(fut);
     }
 

@@ -71,7 +71,10 @@ impl Scheduler {
     /// `context_length_exceeded` when the prompt leaves no room for one generated token
     /// (the message names both counts); `validation` for an empty prompt; `overloaded`
     /// when `max_waiting` sequences already wait. The request is handed back with the error.
-    pub fn submit(&mut self, req: TokenizedRequest) -> Result<(), Box<(TokenizedRequest, InferError)>> {
+    pub fn submit(
+        &mut self,
+        req: TokenizedRequest,
+    ) -> Result<(), Box<(TokenizedRequest, InferError)>> {
         let ctx = self.limits.context_length;
         let n = req.prompt.len();
         if n == 0 {

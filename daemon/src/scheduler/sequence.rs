@@ -184,9 +184,9 @@ impl Sequence {
 
     /// TTFT and decode speed so far.
     pub fn timings(&self) -> Timings {
-        let ttft_ms = self
-            .first_token_at
-            .map_or(0.0, |t| t.duration_since(self.received_at).as_secs_f64() * 1e3);
+        let ttft_ms = self.first_token_at.map_or(0.0, |t| {
+            t.duration_since(self.received_at).as_secs_f64() * 1e3
+        });
         let decode_tokens_per_s = match (self.first_token_at, self.last_token_at) {
             (Some(a), Some(b)) if self.generated.len() > 1 && b > a => {
                 (self.generated.len() - 1) as f64 / b.duration_since(a).as_secs_f64()

@@ -21,7 +21,11 @@ fn params(max_tokens: usize, stop: &[&str]) -> SamplingParams {
     }
 }
 
-fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (TokenizedRequest, EventReceiver, CancelFlag) {
+fn request(
+    id: u64,
+    prompt_len: usize,
+    max_tokens: usize,
+) -> (TokenizedRequest, EventReceiver, CancelFlag) {
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = CancelFlag::new();
     let req = TokenizedRequest {
@@ -101,7 +105,10 @@ fn generation_budget_is_capped_by_the_context_window() {
     for i in 0..4 {
         assert_eq!(seq.accept_token(i, b"a", false), TokenOutcome::Continue);
     }
-    assert_eq!(seq.accept_token(9, b"a", false), TokenOutcome::Finished(FinishReason::Length));
+    assert_eq!(
+        seq.accept_token(9, b"a", false),
+        TokenOutcome::Finished(FinishReason::Length)
+    );
 }
 
 #[test]
@@ -117,7 +124,11 @@ fn cancelled_sequences_leave_and_running_ones_are_freed_next_step() {
     let gone: Vec<SeqId> = s.take_cancelled().iter().map(|q| q.id).collect();
     assert_eq!(gone.len(), 2);
     assert!(gone.contains(&SeqId(1)) && gone.contains(&SeqId(2)));
-    assert_eq!(s.pending_frees(), &[SeqId(1)], "only the running one holds KV");
+    assert_eq!(
+        s.pending_frees(),
+        &[SeqId(1)],
+        "only the running one holds KV"
+    );
     let (batch, admitted) = s.schedule();
     assert_eq!(batch.free, vec![SeqId(1)]);
     assert!(batch.items.is_empty() && admitted.is_empty());
@@ -140,11 +151,17 @@ fn finishing_streams_the_rest_and_reports_usage() {
     s.submit(req).expect("submit");
     s.schedule();
     let seq = s.running_mut(SeqId(1)).expect("running");
-    assert_eq!(seq.accept_token(10, "héllo ".as_bytes(), false), TokenOutcome::Continue);
+    assert_eq!(
+        seq.accept_token(10, "héllo ".as_bytes(), false),
+        TokenOutcome::Continue
+    );
     // "ST" may start the stop string: held back.
     assert_eq!(seq.accept_token(11, b"ST", false), TokenOutcome::Continue);
     // EOS: the held text is flushed with the remaining ids, then done.
-    assert_eq!(seq.accept_token(2, b"", true), TokenOutcome::Finished(FinishReason::Stop));
+    assert_eq!(
+        seq.accept_token(2, b"", true),
+        TokenOutcome::Finished(FinishReason::Stop)
+    );
     let mut seq = s.remove_running(SeqId(1)).expect("remove");
     seq.finish(FinishReason::Stop);
     let mut events = Vec::new();
@@ -167,7 +184,9 @@ fn finishing_streams_the_rest_and_reports_usage() {
     );
     match &events[2] {
         StreamEvent::Done {
-            finish_reason, usage, ..
+            finish_reason,
+            usage,
+            ..
         } => {
             assert_eq!(*finish_reason, FinishReason::Stop);
             assert_eq!(usage.prompt_tokens, 2);

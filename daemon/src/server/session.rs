@@ -98,7 +98,8 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(engine.max_message_bytes))
         .max_frame_size(Some(engine.max_message_bytes));
-    let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(config)).await?;
+    let ws =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(config)).await?;
     let (mut sink, mut source) = ws.split();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let writer = actix_rt::spawn(async move {
@@ -122,7 +123,9 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
         match frame {
             Message::Text(text) => handle_text(text.as_str(), &engine, &active, &out_tx),
             Message::Binary(_) => {
-                let e = InferError::validation("binary frames are not supported: send JSON text frames");
+                let e = InferError::validation(
+                    "binary frames are not supported: send JSON text frames",
+                );
                 let _ = out_tx.send(Message::text(api::error_frame(None, &e)));
             }
             Message::Close(_) => break,
@@ -140,7 +143,12 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn handle_text(text: &str, engine: &Engine, active: &ActiveMap, out: &mpsc::UnboundedSender<Message>) {
+fn handle_text(
+    text: &str,
+    engine: &Engine,
+    active: &ActiveMap,
+    out: &mpsc::UnboundedSender<Message>,
+) {
     let msg = match api::parse_client_message(text, &engine.defaults, engine.vocab_size) {
         Ok(m) => m,
         Err(e) => {
@@ -192,7 +200,10 @@ fn handle_text(text: &str, engine: &Engine, active: &ActiveMap, out: &mpsc::Unbo
                 let frame = match tok.send(Encode { text, special }).await {
                     Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
                     Ok(Err(e)) => api::error_frame(Some(&id), &e),
-                    Err(e) => api::error_frame(Some(&id), &InferError::internal(format!("tokenizer unavailable: {e}"))),
+                    Err(e) => api::error_frame(
+                        Some(&id),
+                        &InferError::internal(format!("tokenizer unavailable: {e}")),
+                    ),
                 };
                 let _ = out.send(Message::text(frame));
             });
@@ -203,7 +214,10 @@ fn handle_text(text: &str, engine: &Engine, active: &ActiveMap, out: &mpsc::Unbo
             actix_rt::spawn(async move {
                 let frame = match tok.send(Decode { token_ids }).await {
                     Ok(text) => api::text_frame(&id, &text),
-                    Err(e) => api::error_frame(Some(&id), &InferError::internal(format!("tokenizer unavailable: {e}"))),
+                    Err(e) => api::error_frame(
+                        Some(&id),
+                        &InferError::internal(format!("tokenizer unavailable: {e}")),
+                    ),
                 };
                 let _ = out.send(Message::text(frame));
             });

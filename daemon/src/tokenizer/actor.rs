@@ -56,7 +56,10 @@ pub struct TokenizerActor {
 impl TokenizerActor {
     /// A tokenizer worker that forwards to `scheduler`.
     pub fn new(tokenizer: Arc<TextTokenizer>, scheduler: Addr<SchedulerActor>) -> Self {
-        Self { tokenizer, scheduler }
+        Self {
+            tokenizer,
+            scheduler,
+        }
     }
 
     /// Prompt ids for `input`: the chat template for messages, raw text otherwise
