@@ -17,9 +17,11 @@ use inferd::model::{load_gguf, LoadOptions, Q4_1Policy};
 use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
 use inferd::request::SeqId;
 
-const PROMPT_TOKENS: usize = 512;
-const DECODE_TOKENS: usize = 128;
-const REPEATS: usize = 3;
+/// Sizes: prompt tokens, decoded tokens and repetitions (best of), each overridable by
+/// `INFERD_BENCH_PROMPT`, `INFERD_BENCH_DECODE`, `INFERD_BENCH_REPEATS` (for profiling).
+fn size(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
 
 fn model_path() -> PathBuf {
     std::env::var("INFERD_TEST_MODEL")
@@ -54,6 +56,14 @@ fn argmax(v: &[f32]) -> u32 {
         .0 as u32
 }
 
+fn sizes() -> (usize, usize, usize) {
+    (
+        size("INFERD_BENCH_PROMPT", 512),
+        size("INFERD_BENCH_DECODE", 128),
+        size("INFERD_BENCH_REPEATS", 3).max(1),
+    )
+}
+
 struct Row {
     policy: &'static str,
     load_s: f64,
@@ -62,6 +72,7 @@ struct Row {
 }
 
 fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
+    let (prompt_tokens, decode_tokens, repeats) = sizes();
     let t0 = Instant::now();
     let loaded = load_gguf(
         &model_path(),
@@ -74,19 +85,19 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     let load_s = t0.elapsed().as_secs_f64();
     let mut runner = ModelRunner::new(loaded.model);
     // A deterministic prompt of ordinary tokens (ids 300..), no special tokens.
-    let prompt: Vec<u32> = (0..PROMPT_TOKENS as u32)
+    let prompt: Vec<u32> = (0..prompt_tokens as u32)
         .map(|i| 300 + (i * 37) % 20000)
         .collect();
     let mut best_prefill = f64::MAX;
     let mut best_decode = f64::MAX;
-    for r in 0..REPEATS {
+    for r in 0..repeats {
         let seq = SeqId(r as u64 + 1);
         let t = Instant::now();
         let logits = logits_of(&mut runner, seq, prompt.clone());
         best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
         let mut next = argmax(&logits);
         let t = Instant::now();
-        for _ in 0..DECODE_TOKENS {
+        for _ in 0..decode_tokens {
             next = argmax(&logits_of(&mut runner, seq, vec![next]));
         }
         best_decode = best_decode.min(t.elapsed().as_secs_f64());
@@ -98,8 +109,8 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     Row {
         policy: name,
         load_s,
-        prefill_tok_s: PROMPT_TOKENS as f64 / best_prefill,
-        decode_tok_s: DECODE_TOKENS as f64 / best_decode,
+        prefill_tok_s: prompt_tokens as f64 / best_prefill,
+        decode_tok_s: decode_tokens as f64 / best_decode,
     }
 }
 
@@ -122,10 +133,14 @@ fn main() {
         };
         rows.push(bench(policy, label));
     }
-    println!("\nmodel_speed: SmolLM2-135M Q4_1, {threads} threads, best of {REPEATS}");
+    let (p, d, n) = sizes();
+    println!("\nmodel_speed: SmolLM2-135M Q4_1, {threads} threads, best of {n}");
     println!(
         "{:<28} {:>8} {:>18} {:>18}",
-        "q4_1 policy", "load s", "prefill-512 tok/s", "decode-128 tok/s"
+        "q4_1 policy",
+        "load s",
+        format!("prefill-{p} tok/s"),
+        format!("decode-{d} tok/s")
     );
     for r in &rows {
         println!(
@@ -147,7 +162,7 @@ fn main() {
         .iter()
         .map(|r| {
             format!(
-                "{{\"policy\":\"{}\",\"threads\":{threads},\"load_s\":{:.3},\"prefill_512_tok_s\":{:.2},\"decode_128_tok_s\":{:.2}}}",
+                "{{\"policy\":\"{}\",\"threads\":{threads},\"prompt_tokens\":{p},\"decode_tokens\":{d},\"load_s\":{:.3},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2}}}",
                 r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s
             )
         })
