@@ -20,7 +20,10 @@ use inferd::request::SeqId;
 /// Sizes: prompt tokens, decoded tokens and repetitions (best of), each overridable by
 /// `INFERD_BENCH_PROMPT`, `INFERD_BENCH_DECODE`, `INFERD_BENCH_REPEATS` (for profiling).
 fn size(var: &str, default: usize) -> usize {
-    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 fn model_path() -> PathBuf {

@@ -102,6 +102,8 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             max_running: settings.scheduler.max_running,
             max_waiting: settings.scheduler.max_waiting,
             context_length,
+            prefill_chunk_tokens: settings.scheduler.prefill_chunk_tokens,
+            attention_cost_tokens: settings.scheduler.attention_cost_tokens,
         };
         let engine_arbiter = Arbiter::new();
         let tok_for_sched = tokenizer.clone();

@@ -69,6 +69,14 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     /// Queued sequences; a request beyond this gets an `overloaded` error at once.
     pub max_waiting: usize,
+    /// Prompt tokens prefilled per engine step, over all sequences. Longer prompts are
+    /// prefilled in chunks so running streams keep flowing; smaller values lower the
+    /// worst inter-token latency, larger ones the time to first token of long prompts.
+    pub prefill_chunk_tokens: usize,
+    /// Context depth (tokens) at which a chunk is halved: a chunk starting at position
+    /// `p` gets `prefill_chunk_tokens × E / (E + p)` tokens, keeping each step's compute
+    /// (and so the pause of running streams) about constant deep into long prompts.
+    pub attention_cost_tokens: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -76,6 +84,8 @@ impl Default for SchedulerConfig {
         Self {
             max_running: 16,
             max_waiting: 256,
+            prefill_chunk_tokens: 256,
+            attention_cost_tokens: 1024,
         }
     }
 }
@@ -222,6 +232,15 @@ impl Settings {
         }
         if self.scheduler.max_running == 0 {
             return bad("scheduler.max_running must be >= 1 (got 0)".into());
+        }
+        if !(1..=65536).contains(&self.scheduler.prefill_chunk_tokens) {
+            return bad(format!(
+                "scheduler.prefill_chunk_tokens must be in [1, 65536] (got {})",
+                self.scheduler.prefill_chunk_tokens
+            ));
+        }
+        if self.scheduler.attention_cost_tokens == 0 {
+            return bad("scheduler.attention_cost_tokens must be >= 1 (got 0)".into());
         }
         if self.tokenizer.threads == 0 || self.tokenizer.threads > 64 {
             return bad(format!(

@@ -160,7 +160,8 @@ async fn duplicate_active_id_is_rejected_without_harming_the_first() {
         }
     }
     let e = dup_error.expect("duplicate id error");
-    assert_eq!(e["id"], "dup");
+    // null id: the error must not look like the end of the active request "dup".
+    assert_eq!(e["id"], serde_json::Value::Null);
     assert_eq!(e["error"]["type"], "validation");
     assert!(e["error"]["message"]
         .as_str()
@@ -168,7 +169,62 @@ async fn duplicate_active_id_is_rejected_without_harming_the_first() {
         .contains("already active"));
     assert_eq!(g.finish_reason(), Some("length"));
     assert_eq!(g.token_ids.len(), 40);
+    // An invalid frame reusing the active id is also rejected with a null id.
+    c.send(&req).await.expect("send");
+    c.send_text(r#"{"type":"generate","id":"dup","prompt":"x","temperature":-1}"#)
+        .await
+        .expect("send");
+    let mut g3 = inferd_e2e::Generation::default();
+    let mut bad = None;
+    loop {
+        let f = c.recv().await.expect("frame");
+        if f["type"] == "error" {
+            bad = Some(f);
+            continue;
+        }
+        if g3.absorb(f) {
+            break;
+        }
+    }
+    let bad = bad.expect("validation error");
+    assert_eq!(bad["id"], serde_json::Value::Null);
+    assert!(bad["error"]["message"]
+        .as_str()
+        .expect("msg")
+        .contains("temperature"));
+    assert_eq!(g3.token_ids, g.token_ids);
     // Once done, the id can be reused.
     let g2 = c.generate(req).await.expect("reuse");
     assert_eq!(g2.token_ids, g.token_ids);
+}
+
+#[tokio::test]
+async fn oversized_message_gets_an_error_and_close_1009() {
+    let mut daemon =
+        Daemon::start_with_env(&[("INFERD__SERVER__MAX_MESSAGE_BYTES", "65536")]).expect("daemon");
+    let mut c = daemon.connect().await.expect("connect");
+    let big = format!(
+        r#"{{"type":"generate","id":"big","prompt":"{}"}}"#,
+        "a".repeat(70_000)
+    );
+    c.send_text(&big).await.expect("send");
+    let f = c.recv().await.expect("error frame");
+    assert_eq!(f["type"], "error");
+    assert_eq!(f["error"]["type"], "validation");
+    let msg = f["error"]["message"].as_str().expect("msg");
+    assert!(
+        msg.contains("65536") && msg.contains("server.max_message_bytes"),
+        "{msg}"
+    );
+    assert!(c.recv().await.is_err(), "connection should be closed");
+    // The daemon keeps serving new connections.
+    let mut c2 = daemon.connect().await.expect("reconnect");
+    c2.send(&json!({"type":"tokenize","id":"t","text":"Hello world"}))
+        .await
+        .expect("send");
+    assert_eq!(
+        c2.recv().await.expect("tokens")["token_ids"],
+        json!([19556, 905])
+    );
+    assert!(daemon.is_running());
 }

@@ -63,3 +63,44 @@ async fn requests_on_separate_connections_all_complete() {
         assert!(!g.token_ids.is_empty());
     }
 }
+
+#[tokio::test]
+async fn a_long_prompt_is_prefilled_in_chunks_without_stalling_others() {
+    // 64-token prefill chunks: a ~700-token prompt needs 11 engine steps before its first
+    // token, while a short request admitted meanwhile decodes one token per step.
+    let daemon = Daemon::start_with_env(&[("INFERD__SCHEDULER__PREFILL_CHUNK_TOKENS", "64")])
+        .expect("daemon");
+    let mut c = daemon.connect().await.expect("connect");
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(70);
+    c.send(&json!({"type":"generate","id":"long","prompt":long,"max_tokens":2,"temperature":0}))
+        .await
+        .expect("send");
+    let f = c.recv().await.expect("started");
+    assert_eq!(f["type"], "started");
+    assert!(f["prompt_tokens"].as_u64().expect("n") > 600, "{f}");
+    c.send(&req("short", "Hi")).await.expect("send");
+    let (mut long_g, mut short_g) = (Generation::default(), Generation::default());
+    let mut first_delta = Vec::new();
+    while long_g.done.is_none() || short_g.done.is_none() {
+        let f = c.recv().await.expect("frame");
+        let id = f["id"].as_str().expect("id").to_string();
+        if f["type"] == "delta" || f["type"] == "done" {
+            first_delta.push(id.clone());
+        }
+        match id.as_str() {
+            "long" => long_g.absorb(f),
+            _ => short_g.absorb(f),
+        };
+    }
+    // The short request (32 tokens) streamed several tokens before the long prompt's
+    // prefill finished.
+    let first_long = first_delta
+        .iter()
+        .position(|i| i == "long")
+        .expect("long output");
+    assert!(
+        first_long >= 5,
+        "the long prefill blocked the short stream: {first_delta:?}"
+    );
+    assert_eq!(long_g.finish_reason(), Some("length"));
+}

@@ -143,9 +143,9 @@ impl SchedulerActor {
                     continue;
                 }
             };
-            seq.computed = seq.prompt.len() + seq.generated.len();
-            if seq.cancel.is_cancelled() {
-                continue; // swept before the next step
+            seq.computed += std::mem::take(&mut seq.in_flight);
+            if seq.cancel.is_cancelled() || seq.is_prefilling() {
+                continue; // swept before the next step / more prompt chunks to go
             }
             let token = match seq.sample(&logits) {
                 Ok(t) => t,

@@ -1,9 +1,11 @@
 //! [`Scheduler`]: the queueing policy, free of actix so tests drive it directly.
 //!
 //! First come, first served: waiting sequences are admitted in arrival order while
-//! fewer than `max_running` run; every step gives each running sequence its pending
-//! tokens (its whole prompt once, then one token per step), so all running requests
-//! progress together and none waits for another to finish.
+//! fewer than `max_running` run. Every step gives each decoding sequence its one new
+//! token, and prefilling sequences chunks of their prompts (in admission order) within a
+//! per-step budget of `prefill_chunk_tokens`, so a long prompt never stalls the running
+//! streams for more than one chunk's worth of compute (chunked prefill, as in vLLM and
+//! Sarathi-Serve), and all running requests progress together.
 
 use std::collections::VecDeque;
 
@@ -22,6 +24,22 @@ pub struct SchedulerLimits {
     pub max_waiting: usize,
     /// Context window of the model, tokens.
     pub context_length: usize,
+    /// Prompt tokens prefilled per step over all sequences (≥ 1), at position 0.
+    pub prefill_chunk_tokens: usize,
+    /// Context depth, in tokens, at which attention costs about as much as the rest of
+    /// the forward pass per token. A chunk starting at position `p` is limited to
+    /// `⌈budget × E / (E + p)⌉` tokens, so a step's compute, and with it the pause it
+    /// imposes on running streams, stays roughly constant as a long prompt gets deeper.
+    pub attention_cost_tokens: usize,
+}
+
+impl SchedulerLimits {
+    /// Largest chunk for a prompt whose next token is at position `pos`, given `budget`.
+    pub fn chunk_at(&self, pos: usize, budget: usize) -> usize {
+        let e = self.attention_cost_tokens as u128;
+        let n = (budget as u128 * e).div_ceil((e + pos as u128).max(1));
+        (n as usize).clamp(1, budget.max(1))
+    }
 }
 
 /// Queues and running set.
@@ -146,14 +164,39 @@ impl Scheduler {
             admitted.push(seq.id);
             self.running.push(seq);
         }
+        // Decodes always run. The prefill budget goes to the prefilling sequences with the
+        // fewest prompt tokens left first (ties: admission order), so a short prompt is
+        // not queued behind a long one; the long one takes whatever budget remains.
+        let mut budget = self.limits.prefill_chunk_tokens.max(1);
+        let mut prefilling: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].is_prefilling())
+            .collect();
+        prefilling.sort_by_key(|&i| self.running[i].pending_len());
+        for s in self.running.iter_mut() {
+            s.in_flight = if s.is_prefilling() {
+                0
+            } else {
+                s.pending_len()
+            };
+        }
+        let limits = self.limits;
+        for i in prefilling {
+            if budget == 0 {
+                break;
+            }
+            let s = &mut self.running[i];
+            let n = s.pending_len().min(limits.chunk_at(s.computed, budget));
+            budget -= n;
+            s.in_flight = n;
+        }
         let items = self
             .running
             .iter()
+            .filter(|s| s.in_flight > 0)
             .map(|s| BatchItem {
                 seq: s.id,
-                tokens: s.pending_tokens(),
+                tokens: s.pending_tokens(s.in_flight),
             })
-            .filter(|i| !i.tokens.is_empty())
             .collect();
         let batch = RunBatch {
             free: std::mem::take(&mut self.to_free),

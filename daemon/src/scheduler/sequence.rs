@@ -50,6 +50,9 @@ pub struct Sequence {
     pub generated: Vec<u32>,
     /// Tokens (prompt then generated) whose K/V the model runner holds.
     pub computed: usize,
+    /// Tokens handed to the runner in the step now running (added to `computed` when
+    /// the step returns).
+    pub in_flight: usize,
     /// Generation budget: `min(max_tokens, context_window − prompt length)`, tokens.
     pub max_new_tokens: usize,
     sampler: Sampler,
@@ -77,6 +80,7 @@ impl Sequence {
             prompt: req.prompt,
             generated: Vec::new(),
             computed: 0,
+            in_flight: 0,
             max_new_tokens,
             events: req.events,
             cancel: req.cancel,
@@ -88,10 +92,20 @@ impl Sequence {
         }
     }
 
-    /// Tokens to run in the next step: everything not yet computed (the whole prompt
-    /// for a prefill, the last sampled token for a decode).
-    pub fn pending_tokens(&self) -> Vec<u32> {
-        let total = self.prompt.len() + self.generated.len();
+    /// Number of tokens not yet computed: the rest of the prompt while prefilling, then
+    /// the last sampled token.
+    pub fn pending_len(&self) -> usize {
+        self.prompt.len() + self.generated.len() - self.computed
+    }
+
+    /// Whether the prompt is not fully computed yet.
+    pub fn is_prefilling(&self) -> bool {
+        self.computed < self.prompt.len()
+    }
+
+    /// The next `max` uncomputed tokens (prompt first, then generated).
+    pub fn pending_tokens(&self, max: usize) -> Vec<u32> {
+        let total = (self.prompt.len() + self.generated.len()).min(self.computed + max);
         (self.computed..total)
             .map(|i| {
                 if i < self.prompt.len() {

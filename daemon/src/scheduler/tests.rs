@@ -45,6 +45,8 @@ fn limits(max_running: usize, max_waiting: usize, ctx: usize) -> SchedulerLimits
         max_running,
         max_waiting,
         context_length: ctx,
+        prefill_chunk_tokens: 8,
+        attention_cost_tokens: usize::MAX / 2,
     }
 }
 
@@ -73,6 +75,7 @@ fn prefill_then_one_token_per_step() {
     let (batch, _) = s.schedule();
     assert_eq!(batch.items[0].tokens, vec![100, 101, 102]);
     let seq = s.running_mut(SeqId(1)).expect("running");
+    assert_eq!(seq.in_flight, 3);
     seq.computed = 3;
     assert_eq!(seq.accept_token(7, b"x", false), TokenOutcome::Continue);
     let (batch, _) = s.schedule();
@@ -195,4 +198,67 @@ fn finishing_streams_the_rest_and_reports_usage() {
         other => panic!("expected done, got {other:?}"),
     }
     assert_eq!(s.schedule().0.free, vec![SeqId(1)]);
+}
+
+#[test]
+fn long_prompts_are_prefilled_in_chunks_within_a_step_budget() {
+    // Budget 8 prompt tokens per step; decodes are always included.
+    let mut s = Scheduler::new(limits(4, 10, 100));
+    let (r1, _rx1, _c1) = request(1, 3, 10);
+    s.submit(r1).expect("submit");
+    let (b, _) = s.schedule();
+    assert_eq!(b.items[0].tokens.len(), 3);
+    let seq = s.running_mut(SeqId(1)).expect("running");
+    seq.computed += std::mem::take(&mut seq.in_flight);
+    seq.accept_token(50, b"a", false);
+    let (r2, _rx2, _c2) = request(2, 20, 10);
+    let (r3, _rx3, _c3) = request(3, 5, 10);
+    s.submit(r2).expect("submit");
+    s.submit(r3).expect("submit");
+    let mut chunks = Vec::new();
+    for step in 0..4u32 {
+        let (b, _) = s.schedule();
+        let sizes: Vec<(u64, usize)> = b.items.iter().map(|i| (i.seq.0, i.tokens.len())).collect();
+        chunks.push(sizes);
+        for id in [1, 2, 3] {
+            if let Some(q) = s.running_mut(SeqId(id)) {
+                let ran = std::mem::take(&mut q.in_flight);
+                q.computed += ran;
+                if ran > 0 && !q.is_prefilling() {
+                    q.accept_token(60 + step, b"b", false);
+                }
+            }
+        }
+    }
+    // Seq 1 decodes every step. The budget goes shortest-remaining-first: seq 3's
+    // 5-token prompt before seq 2's 20-token one, which takes the rest: 3 + 8 + 8 + 1.
+    assert_eq!(
+        chunks,
+        vec![
+            vec![(1, 1), (2, 3), (3, 5)],
+            vec![(1, 1), (2, 8), (3, 1)],
+            vec![(1, 1), (2, 8), (3, 1)],
+            vec![(1, 1), (2, 1), (3, 1)],
+        ]
+    );
+    // The chunks are the prompt in order, then the sampled token.
+    let seq2 = s.running_mut(SeqId(2)).expect("running");
+    assert_eq!(seq2.computed, 20);
+    assert_eq!(seq2.pending_tokens(5), vec![63]);
+}
+
+#[test]
+fn chunks_shrink_as_the_context_gets_deeper() {
+    let l = SchedulerLimits {
+        max_running: 1,
+        max_waiting: 1,
+        context_length: 10_000,
+        prefill_chunk_tokens: 256,
+        attention_cost_tokens: 1024,
+    };
+    assert_eq!(l.chunk_at(0, 256), 256);
+    assert_eq!(l.chunk_at(1024, 256), 128);
+    assert_eq!(l.chunk_at(8000, 256), 30);
+    assert_eq!(l.chunk_at(1_000_000, 256), 1, "always progresses");
+    assert_eq!(l.chunk_at(0, 10), 10, "never above the remaining budget");
 }

@@ -16,8 +16,11 @@ use actix::Addr;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -115,6 +118,21 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     while let Some(frame) = source.next().await {
         let frame = match frame {
             Ok(f) => f,
+            Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size })) => {
+                // The frame stream cannot be resynchronised after an oversized message:
+                // say why, then close with 1009 (RFC 6455 §7.4.1, "message too big").
+                let e = InferError::validation(format!(
+                    "message of {size} bytes exceeds the limit of {max_size} bytes \
+                     (server.max_message_bytes); closing the connection"
+                ));
+                tracing::warn!(size, max_size, "oversized websocket message");
+                let _ = out_tx.send(Message::text(api::error_frame(None, &e)));
+                let _ = out_tx.send(Message::Close(Some(CloseFrame {
+                    code: CloseCode::Size,
+                    reason: "message too big".into(),
+                })));
+                break;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "websocket read error");
                 break;
@@ -149,10 +167,18 @@ fn handle_text(
     active: &ActiveMap,
     out: &mpsc::UnboundedSender<Message>,
 ) {
+    // An error about a rejected frame carries the frame's id unless that id belongs to a
+    // request still active on this connection: then `id` is null (the message names the
+    // id), so the active request's stream is never ended by someone else's error.
+    let reject_id = |id: Option<&str>| {
+        id.filter(|i| !active.borrow().contains_key(*i))
+            .map(str::to_owned)
+    };
     let msg = match api::parse_client_message(text, &engine.defaults, engine.vocab_size) {
         Ok(m) => m,
         Err(e) => {
-            let _ = out.send(Message::text(api::error_frame(e.id.as_deref(), &e.error)));
+            let id = reject_id(e.id.as_deref());
+            let _ = out.send(Message::text(api::error_frame(id.as_deref(), &e.error)));
             return;
         }
     };
@@ -163,7 +189,7 @@ fn handle_text(
                 let e = InferError::validation(format!(
                     "id: a request with id \"{id}\" is already active on this connection"
                 ));
-                let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
+                let _ = out.send(Message::text(api::error_frame(None, &e)));
                 return;
             }
             let seq = SeqId::next();
