@@ -112,8 +112,13 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         });
         let tok = tokenizer.clone();
         let sched_for_tok = scheduler.clone();
+        let sched_for_util = scheduler.clone();
         let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
             TokenizerActor::new(tok.clone(), sched_for_tok.clone())
+        });
+        let tok_util = tokenizer.clone();
+        let utility_tokenizer = SyncArbiter::start(1, move || {
+            TokenizerActor::new(tok_util.clone(), sched_for_util.clone())
         });
         let listener = TcpListener::bind(addr)
             .await
@@ -124,6 +129,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         println!("inferd: listening on ws://{local}/v1/ws");
         let engine = Engine {
             tokenizer: tokenizer_addr,
+            utility_tokenizer,
             scheduler,
             defaults: settings.sampling.clone(),
             vocab_size: tokenizer.vocab_size(),

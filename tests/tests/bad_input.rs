@@ -228,3 +228,43 @@ async fn oversized_message_gets_an_error_and_close_1009() {
     );
     assert!(daemon.is_running());
 }
+
+#[tokio::test]
+async fn a_tokenize_flood_is_bounded_per_connection() {
+    let daemon = Daemon::start().expect("daemon");
+    let mut flood = daemon.connect().await.expect("connect");
+    let text = "hello world ".repeat(80_000); // ~1 MB, ~160k tokens each
+    for i in 0..40 {
+        flood
+            .send(&json!({"type":"tokenize","id":format!("t{i}"),"text":text}))
+            .await
+            .expect("send");
+    }
+    // Meanwhile another connection's generate is served normally.
+    let mut c = daemon.connect().await.expect("connect");
+    let g = c
+        .generate(json!({"type":"generate","id":"g","prompt":"Once upon a time","max_tokens":8,"temperature":0}))
+        .await
+        .expect("generate");
+    assert_eq!(g.token_ids, vec![28, 260, 2240, 282, 1315, 27108, 436, 253]);
+    let (mut tokens, mut overloaded) = (0, 0);
+    for _ in 0..40 {
+        let f = flood.recv().await.expect("reply");
+        match f["type"].as_str() {
+            Some("tokens") => tokens += 1,
+            Some("error") => {
+                assert_eq!(f["error"]["type"], "overloaded", "{f}");
+                assert!(f["error"]["message"]
+                    .as_str()
+                    .expect("msg")
+                    .contains("limit 16"));
+                overloaded += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        tokens >= 16 && overloaded > 0,
+        "tokens {tokens}, overloaded {overloaded}"
+    );
+}

@@ -6,7 +6,7 @@
 //! [`StreamEvent`]s into frames. A connection tracks its active request ids; closing it
 //! cancels them all.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::api::{self, ClientMessage, SamplingDefaults};
-use crate::error::InferError;
+use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, SeqId, StreamEvent};
 use crate::scheduler::{Cancel, SchedulerActor};
 use crate::tokenizer::actor::{Decode, Encode, Prepare};
@@ -34,11 +34,21 @@ use crate::tokenizer::TokenizerActor;
 /// WebSocket endpoint path.
 pub const WS_PATH: &str = "/v1/ws";
 
+/// Frames queued for one connection's writer before its reader stops reading.
+const OUTBOUND_QUEUE_FRAMES: usize = 64;
+
+/// `tokenize`/`detokenize` requests one connection may have in flight; more get an
+/// `overloaded` error at once.
+const MAX_UTILITY_IN_FLIGHT: usize = 16;
+
 /// Handles to the pipeline that sessions feed.
 #[derive(Clone)]
 pub struct Engine {
-    /// Tokenizer stage (first stage of the pipeline).
+    /// Tokenizer stage (first stage of the pipeline), for generate requests.
     pub tokenizer: Addr<TokenizerActor>,
+    /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
+    /// of them never delays generate requests.
+    pub utility_tokenizer: Addr<TokenizerActor>,
     /// Scheduler, for cancellation control messages only.
     pub scheduler: Addr<SchedulerActor>,
     /// Defaults for absent sampling fields.
@@ -104,7 +114,11 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     let ws =
         tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(config)).await?;
     let (mut sink, mut source) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
+    // Bounded: when a client stops reading, the writer blocks, this queue fills, and then
+    // the reader stops reading that client's frames too (TCP backpressure), so one slow
+    // or hostile client cannot grow the daemon's memory without bound.
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE_FRAMES);
+    let utility_in_flight = Rc::new(Cell::new(0usize));
     let writer = actix_rt::spawn(async move {
         while let Some(msg) = out_rx.recv().await {
             if sink.send(msg).await.is_err() {
@@ -126,11 +140,13 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
                      (server.max_message_bytes); closing the connection"
                 ));
                 tracing::warn!(size, max_size, "oversized websocket message");
-                let _ = out_tx.send(Message::text(api::error_frame(None, &e)));
-                let _ = out_tx.send(Message::Close(Some(CloseFrame {
-                    code: CloseCode::Size,
-                    reason: "message too big".into(),
-                })));
+                let _ = out_tx.send(Message::text(api::error_frame(None, &e))).await;
+                let _ = out_tx
+                    .send(Message::Close(Some(CloseFrame {
+                        code: CloseCode::Size,
+                        reason: "message too big".into(),
+                    })))
+                    .await;
                 break;
             }
             Err(e) => {
@@ -139,12 +155,14 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
             }
         };
         match frame {
-            Message::Text(text) => handle_text(text.as_str(), &engine, &active, &out_tx),
+            Message::Text(text) => {
+                handle_text(text.as_str(), &engine, &active, &out_tx, &utility_in_flight).await
+            }
             Message::Binary(_) => {
                 let e = InferError::validation(
                     "binary frames are not supported: send JSON text frames",
                 );
-                let _ = out_tx.send(Message::text(api::error_frame(None, &e)));
+                let _ = out_tx.send(Message::text(api::error_frame(None, &e))).await;
             }
             Message::Close(_) => break,
             _ => {} // ping/pong are answered by tungstenite
@@ -161,11 +179,12 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn handle_text(
+async fn handle_text(
     text: &str,
     engine: &Engine,
     active: &ActiveMap,
-    out: &mpsc::UnboundedSender<Message>,
+    out: &mpsc::Sender<Message>,
+    utility_in_flight: &Rc<Cell<usize>>,
 ) {
     // An error about a rejected frame carries the frame's id unless that id belongs to a
     // request still active on this connection: then `id` is null (the message names the
@@ -178,7 +197,9 @@ fn handle_text(
         Ok(m) => m,
         Err(e) => {
             let id = reject_id(e.id.as_deref());
-            let _ = out.send(Message::text(api::error_frame(id.as_deref(), &e.error)));
+            let _ = out
+                .send(Message::text(api::error_frame(id.as_deref(), &e.error)))
+                .await;
             return;
         }
     };
@@ -189,7 +210,7 @@ fn handle_text(
                 let e = InferError::validation(format!(
                     "id: a request with id \"{id}\" is already active on this connection"
                 ));
-                let _ = out.send(Message::text(api::error_frame(None, &e)));
+                let _ = out.send(Message::text(api::error_frame(None, &e))).await;
                 return;
             }
             let seq = SeqId::next();
@@ -220,7 +241,16 @@ fn handle_text(
             }
         }
         ClientMessage::Tokenize { id, text, special } => {
-            let tok = engine.tokenizer.clone();
+            let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
+                let _ = out
+                    .send(Message::text(api::error_frame(
+                        Some(&id),
+                        &utility_overloaded(),
+                    )))
+                    .await;
+                return;
+            };
+            let tok = engine.utility_tokenizer.clone();
             let out = out.clone();
             actix_rt::spawn(async move {
                 let frame = match tok.send(Encode { text, special }).await {
@@ -231,11 +261,21 @@ fn handle_text(
                         &InferError::internal(format!("tokenizer unavailable: {e}")),
                     ),
                 };
-                let _ = out.send(Message::text(frame));
+                let _ = out.send(Message::text(frame)).await;
+                drop(guard);
             });
         }
         ClientMessage::Detokenize { id, token_ids } => {
-            let tok = engine.tokenizer.clone();
+            let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
+                let _ = out
+                    .send(Message::text(api::error_frame(
+                        Some(&id),
+                        &utility_overloaded(),
+                    )))
+                    .await;
+                return;
+            };
+            let tok = engine.utility_tokenizer.clone();
             let out = out.clone();
             actix_rt::spawn(async move {
                 let frame = match tok.send(Decode { token_ids }).await {
@@ -245,10 +285,40 @@ fn handle_text(
                         &InferError::internal(format!("tokenizer unavailable: {e}")),
                     ),
                 };
-                let _ = out.send(Message::text(frame));
+                let _ = out.send(Message::text(frame)).await;
+                drop(guard);
             });
         }
     }
+}
+
+/// Counts a connection's `tokenize`/`detokenize` requests until their reply is queued.
+struct UtilityGuard(Rc<Cell<usize>>);
+
+impl UtilityGuard {
+    fn acquire(counter: &Rc<Cell<usize>>) -> Option<Self> {
+        if counter.get() >= MAX_UTILITY_IN_FLIGHT {
+            return None;
+        }
+        counter.set(counter.get() + 1);
+        Some(Self(counter.clone()))
+    }
+}
+
+impl Drop for UtilityGuard {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+fn utility_overloaded() -> InferError {
+    InferError::new(
+        ErrorKind::Overloaded,
+        format!(
+            "too many tokenize/detokenize requests in flight on this connection \
+             (limit {MAX_UTILITY_IN_FLIGHT}); wait for replies before sending more"
+        ),
+    )
 }
 
 /// Forwards one request's events as frames; on the final event the id becomes free
@@ -258,7 +328,7 @@ async fn forward_events(
     seq: SeqId,
     mut events: mpsc::UnboundedReceiver<StreamEvent>,
     active: ActiveMap,
-    out: mpsc::UnboundedSender<Message>,
+    out: mpsc::Sender<Message>,
 ) {
     while let Some(ev) = events.recv().await {
         let last = matches!(ev, StreamEvent::Done { .. } | StreamEvent::Error(_));
@@ -268,15 +338,28 @@ async fn forward_events(
                 map.remove(&id);
             }
         }
-        if out.send(Message::text(api::event_frame(&id, &ev))).is_err() || last {
+        if out
+            .send(Message::text(api::event_frame(&id, &ev)))
+            .await
+            .is_err()
+            || last
+        {
             return;
         }
     }
     // The engine dropped the channel without a final event: report it, never hang.
-    let mut map = active.borrow_mut();
-    if map.get(&id).is_some_and(|a| a.seq == seq) {
-        map.remove(&id);
+    let was_active = {
+        let mut map = active.borrow_mut();
+        let mine = map.get(&id).is_some_and(|a| a.seq == seq);
+        if mine {
+            map.remove(&id);
+        }
+        mine
+    };
+    if was_active {
         let e = InferError::internal("the request ended without a result");
-        let _ = out.send(Message::text(api::error_frame(Some(&id), &e)));
+        let _ = out
+            .send(Message::text(api::error_frame(Some(&id), &e)))
+            .await;
     }
 }
