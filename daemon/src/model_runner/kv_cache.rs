@@ -42,16 +42,6 @@ impl SequenceKvCache {
         }
     }
 
-    /// Bytes held by the cache tensors (all layers, K and V).
-    pub fn allocated_bytes(&self) -> usize {
-        self.layers.len()
-            * 2
-            * self.n_kv_head
-            * self.capacity
-            * self.head_dim
-            * DType::F32.size_in_bytes()
-    }
-
     fn grow(&mut self, needed: usize) -> candle_core::Result<()> {
         if needed > self.max_tokens {
             candle_core::bail!(

@@ -71,19 +71,6 @@ impl ModelRunner {
         &self.model
     }
 
-    /// Sequences that currently hold a KV cache.
-    pub fn live_sequences(&self) -> usize {
-        self.caches.len()
-    }
-
-    /// Bytes of KV cache currently allocated over all sequences.
-    pub fn kv_allocated_bytes(&self) -> usize {
-        self.caches
-            .values()
-            .map(SequenceKvCache::allocated_bytes)
-            .sum()
-    }
-
     /// Executes one step. A failing item yields an `internal` error for its sequence only
     /// and drops that sequence's cache.
     pub fn run(&mut self, batch: RunBatch) -> StepOutput {

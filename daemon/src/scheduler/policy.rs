@@ -63,11 +63,6 @@ impl Scheduler {
         }
     }
 
-    /// The limits.
-    pub fn limits(&self) -> SchedulerLimits {
-        self.limits
-    }
-
     /// Number of running sequences.
     pub fn running_len(&self) -> usize {
         self.running.len()

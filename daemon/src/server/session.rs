@@ -241,55 +241,59 @@ async fn handle_text(
             }
         }
         ClientMessage::Tokenize { id, text, special } => {
-            let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
-                let _ = out
-                    .send(Message::text(api::error_frame(
-                        Some(&id),
-                        &utility_overloaded(),
-                    )))
-                    .await;
-                return;
-            };
             let tok = engine.utility_tokenizer.clone();
-            let out = out.clone();
-            actix_rt::spawn(async move {
-                let frame = match tok.send(Encode { text, special }).await {
+            spawn_utility(id, out, utility_in_flight, move |id| async move {
+                match tok.send(Encode { text, special }).await {
                     Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
                     Ok(Err(e)) => api::error_frame(Some(&id), &e),
-                    Err(e) => api::error_frame(
-                        Some(&id),
-                        &InferError::internal(format!("tokenizer unavailable: {e}")),
-                    ),
-                };
-                let _ = out.send(Message::text(frame)).await;
-                drop(guard);
-            });
+                    Err(e) => tokenizer_unavailable(&id, e),
+                }
+            })
+            .await;
         }
         ClientMessage::Detokenize { id, token_ids } => {
-            let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
-                let _ = out
-                    .send(Message::text(api::error_frame(
-                        Some(&id),
-                        &utility_overloaded(),
-                    )))
-                    .await;
-                return;
-            };
             let tok = engine.utility_tokenizer.clone();
-            let out = out.clone();
-            actix_rt::spawn(async move {
-                let frame = match tok.send(Decode { token_ids }).await {
+            spawn_utility(id, out, utility_in_flight, move |id| async move {
+                match tok.send(Decode { token_ids }).await {
                     Ok(text) => api::text_frame(&id, &text),
-                    Err(e) => api::error_frame(
-                        Some(&id),
-                        &InferError::internal(format!("tokenizer unavailable: {e}")),
-                    ),
-                };
-                let _ = out.send(Message::text(frame)).await;
-                drop(guard);
-            });
+                    Err(e) => tokenizer_unavailable(&id, e),
+                }
+            })
+            .await;
         }
     }
+}
+
+/// Runs a `tokenize`/`detokenize` request in the background and queues its reply, or
+/// answers `overloaded` at once when the connection already has
+/// [`MAX_UTILITY_IN_FLIGHT`] of them waiting.
+async fn spawn_utility<F, Fut>(
+    id: String,
+    out: &mpsc::Sender<Message>,
+    in_flight: &Rc<Cell<usize>>,
+    reply: F,
+) where
+    F: FnOnce(String) -> Fut + 'static,
+    Fut: Future<Output = String> + 'static,
+{
+    let Some(guard) = UtilityGuard::acquire(in_flight) else {
+        let frame = api::error_frame(Some(&id), &utility_overloaded());
+        let _ = out.send(Message::text(frame)).await;
+        return;
+    };
+    let out = out.clone();
+    actix_rt::spawn(async move {
+        let frame = reply(id).await;
+        let _ = out.send(Message::text(frame)).await;
+        drop(guard);
+    });
+}
+
+fn tokenizer_unavailable(id: &str, e: actix::MailboxError) -> String {
+    api::error_frame(
+        Some(id),
+        &InferError::internal(format!("tokenizer unavailable: {e}")),
+    )
 }
 
 /// Counts a connection's `tokenize`/`detokenize` requests until their reply is queued.
