@@ -13,9 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::Device;
-use inferd::model::{load_gguf, LoadOptions, Q4_1Policy};
-use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
-use inferd::request::SeqId;
+use inferd::model::{load_gguf, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
 
 /// Sizes: prompt tokens, decoded tokens and repetitions (best of), each overridable by
 /// `INFERD_BENCH_PROMPT`, `INFERD_BENCH_DECODE`, `INFERD_BENCH_REPEATS` (for profiling).
@@ -35,14 +33,13 @@ fn model_path() -> PathBuf {
         })
 }
 
-fn logits_of(runner: &mut ModelRunner, seq: SeqId, tokens: Vec<u32>) -> Vec<f32> {
-    let out = runner.run(RunBatch {
-        free: vec![],
-        items: vec![BatchItem { seq, tokens }],
-    });
-    match out.items.into_iter().next().map(|i| i.logits) {
-        Some(Ok(l)) => l,
-        other => panic!("forward failed: {other:?}"),
+fn logits_of(model: &LlamaModel, cache: &mut SoloKv, tokens: &[u32]) -> Vec<f32> {
+    match model
+        .forward(tokens, cache)
+        .and_then(|t| t.to_vec1::<f32>())
+    {
+        Ok(l) => l,
+        Err(e) => panic!("forward failed: {e}"),
     }
 }
 
@@ -86,28 +83,24 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     )
     .expect("load model");
     let load_s = t0.elapsed().as_secs_f64();
-    let mut runner = ModelRunner::new(loaded.model);
+    let model = loaded.model;
     // A deterministic prompt of ordinary tokens (ids 300..), no special tokens.
     let prompt: Vec<u32> = (0..prompt_tokens as u32)
         .map(|i| 300 + (i * 37) % 20000)
         .collect();
     let mut best_prefill = f64::MAX;
     let mut best_decode = f64::MAX;
-    for r in 0..repeats {
-        let seq = SeqId(r as u64 + 1);
+    for _ in 0..repeats {
+        let mut cache = SoloKv::new(model.config(), model.device()).expect("KV cache");
         let t = Instant::now();
-        let logits = logits_of(&mut runner, seq, prompt.clone());
+        let logits = logits_of(&model, &mut cache, &prompt);
         best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
         let mut next = argmax(&logits);
         let t = Instant::now();
         for _ in 0..decode_tokens {
-            next = argmax(&logits_of(&mut runner, seq, vec![next]));
+            next = argmax(&logits_of(&model, &mut cache, &[next]));
         }
         best_decode = best_decode.min(t.elapsed().as_secs_f64());
-        runner.run(RunBatch {
-            free: vec![seq],
-            items: vec![],
-        });
     }
     Row {
         policy: name,

@@ -8,9 +8,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
-use crate::model::{load_gguf, LoadOptions};
+use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
-use crate::scheduler::{Scheduler, SchedulerActor, SchedulerLimits};
+use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
 use crate::server::{serve, Engine};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
@@ -90,7 +90,33 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         .parse()
         .with_context(|| format!("server.listen = \"{}\"", settings.server.listen))?;
 
-    let runner = Arc::new(Mutex::new(Some(ModelRunner::new(loaded.model))));
+    let cfg = loaded.model.config().clone();
+    let bytes_per_token = cfg.kv_bytes_per_token(KV_ELEMENT_BYTES);
+    let block_size = settings.scheduler.block_size;
+    let num_blocks =
+        (settings.scheduler.kv_cache_bytes / (bytes_per_token * block_size) as u64) as usize;
+    if num_blocks == 0 {
+        anyhow::bail!(
+            "scheduler.kv_cache_bytes = {} holds no block of {block_size} tokens \
+             ({bytes_per_token} bytes per token); raise it",
+            settings.scheduler.kv_cache_bytes
+        );
+    }
+    tracing::info!(
+        kv_bytes_per_token = bytes_per_token,
+        formula = format_args!(
+            "2 x {} layers x {} kv_heads x {} head_dim x {KV_ELEMENT_BYTES} bytes",
+            cfg.n_layer, cfg.n_kv_head, cfg.head_dim
+        ),
+        kv_cache_bytes = settings.scheduler.kv_cache_bytes,
+        block_size,
+        num_blocks,
+        tokens = num_blocks * block_size,
+        "KV cache budget"
+    );
+    let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
+        .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
+    let runner = Arc::new(Mutex::new(Some(ModelRunner::new(loaded.model, pool))));
     let system = actix::System::new();
     let result = system.block_on(async move {
         let runner_addr = SyncArbiter::start(1, move || {
@@ -102,13 +128,17 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             max_running: settings.scheduler.max_running,
             max_waiting: settings.scheduler.max_waiting,
             context_length,
-            prefill_chunk_tokens: settings.scheduler.prefill_chunk_tokens,
+            max_batch_tokens: settings.scheduler.max_batch_tokens,
             attention_cost_tokens: settings.scheduler.attention_cost_tokens,
         };
         let engine_arbiter = Arbiter::new();
         let tok_for_sched = tokenizer.clone();
         let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
-            SchedulerActor::new(Scheduler::new(limits), runner_addr, tok_for_sched)
+            SchedulerActor::new(
+                Scheduler::new(limits, BlockManager::new(num_blocks, block_size)),
+                runner_addr,
+                tok_for_sched,
+            )
         });
         let tok = tokenizer.clone();
         let sched_for_tok = scheduler.clone();

@@ -61,7 +61,7 @@ impl Default for ModelConfig {
     }
 }
 
-/// `[scheduler]`: admission bounds.
+/// `[scheduler]`: continuous batching, KV cache budget and admission bounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
@@ -69,14 +69,22 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     /// Queued sequences; a request beyond this gets an `overloaded` error at once.
     pub max_waiting: usize,
-    /// Prompt tokens prefilled per engine step, over all sequences. Longer prompts are
-    /// prefilled in chunks so running streams keep flowing; smaller values lower the
-    /// worst inter-token latency, larger ones the time to first token of long prompts.
-    pub prefill_chunk_tokens: usize,
+    /// Tokens per engine step (one forward pass), over all sequences: one decode token
+    /// per running sequence plus prefill chunks. Longer prompts are prefilled in chunks
+    /// so running streams keep flowing; smaller values lower the worst inter-token
+    /// latency, larger ones the time to first token of long prompts. Must be ≥
+    /// `max_running`.
+    pub max_batch_tokens: usize,
     /// Context depth (tokens) at which a chunk is halved: a chunk starting at position
-    /// `p` gets `prefill_chunk_tokens × E / (E + p)` tokens, keeping each step's compute
-    /// (and so the pause of running streams) about constant deep into long prompts.
+    /// `p` gets `budget × E / (E + p)` tokens, keeping each step's compute (and so the
+    /// pause of running streams) about constant deep into long prompts.
     pub attention_cost_tokens: usize,
+    /// KV cache budget in bytes: the block pool holds `kv_cache_bytes / (block_size ×
+    /// bytes per token)` blocks, bytes per token being `2 × layers × kv_heads ×
+    /// head_dim × 2` (f16 K and V).
+    pub kv_cache_bytes: u64,
+    /// Tokens per KV block.
+    pub block_size: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -84,8 +92,10 @@ impl Default for SchedulerConfig {
         Self {
             max_running: 16,
             max_waiting: 256,
-            prefill_chunk_tokens: 256,
+            max_batch_tokens: 256,
             attention_cost_tokens: 1024,
+            kv_cache_bytes: 256 << 20,
+            block_size: 16,
         }
     }
 }
@@ -233,10 +243,28 @@ impl Settings {
         if self.scheduler.max_running == 0 {
             return bad("scheduler.max_running must be >= 1 (got 0)".into());
         }
-        if !(1..=65536).contains(&self.scheduler.prefill_chunk_tokens) {
+        if !(1..=65536).contains(&self.scheduler.max_batch_tokens) {
             return bad(format!(
-                "scheduler.prefill_chunk_tokens must be in [1, 65536] (got {})",
-                self.scheduler.prefill_chunk_tokens
+                "scheduler.max_batch_tokens must be in [1, 65536] (got {})",
+                self.scheduler.max_batch_tokens
+            ));
+        }
+        if self.scheduler.max_batch_tokens < self.scheduler.max_running {
+            return bad(format!(
+                "scheduler.max_batch_tokens must be >= scheduler.max_running = {} (got {})",
+                self.scheduler.max_running, self.scheduler.max_batch_tokens
+            ));
+        }
+        if !(1..=1024).contains(&self.scheduler.block_size) {
+            return bad(format!(
+                "scheduler.block_size must be in [1, 1024] tokens (got {})",
+                self.scheduler.block_size
+            ));
+        }
+        if !((1 << 20)..=(1u64 << 40)).contains(&self.scheduler.kv_cache_bytes) {
+            return bad(format!(
+                "scheduler.kv_cache_bytes must be in [1048576, 1099511627776] (got {})",
+                self.scheduler.kv_cache_bytes
             ));
         }
         if self.scheduler.attention_cost_tokens == 0 {

@@ -257,6 +257,17 @@ impl Client {
         }
     }
 
+    /// Sends `{"type":"stats"}` and returns the `stats` frame (other frames on this
+    /// connection are an error: use a connection of its own).
+    pub async fn stats(&mut self) -> Result<Value> {
+        self.send(&json!({"type":"stats"})).await?;
+        let f = self.recv().await?;
+        if f["type"] != "stats" {
+            bail!("expected a stats frame, got {f}");
+        }
+        Ok(f)
+    }
+
     /// Greedy chat request with `messages`.
     pub async fn chat_greedy(
         &mut self,

@@ -66,9 +66,9 @@ async fn requests_on_separate_connections_all_complete() {
 
 #[tokio::test]
 async fn a_long_prompt_is_prefilled_in_chunks_without_stalling_others() {
-    // 64-token prefill chunks: a ~700-token prompt needs 11 engine steps before its first
+    // 64 tokens per step: a ~700-token prompt needs 11 engine steps before its first
     // token, while a short request admitted meanwhile decodes one token per step.
-    let daemon = Daemon::start_with_env(&[("INFERD__SCHEDULER__PREFILL_CHUNK_TOKENS", "64")])
+    let daemon = Daemon::start_with_env(&[("INFERD__SCHEDULER__MAX_BATCH_TOKENS", "64")])
         .expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(70);

@@ -13,7 +13,7 @@ use crate::error::InferError;
 use crate::request::GenerateRequest;
 
 pub use validate::parse_client_message;
-pub use wire::{error_frame, event_frame, text_frame, tokens_frame};
+pub use wire::{error_frame, event_frame, stats_frame, text_frame, tokens_frame};
 
 /// Sampling values applied when a `generate` message leaves a field out (from the
 /// daemon config, section `[sampling]` or similar).
@@ -80,16 +80,22 @@ pub enum ClientMessage {
         /// Token ids, each below the vocabulary size.
         token_ids: Vec<u32>,
     },
+    /// `stats`: answer with the engine counters in a `stats` frame.
+    Stats {
+        /// Optional client id, echoed in the answer.
+        id: Option<String>,
+    },
 }
 
 impl ClientMessage {
-    /// The client-chosen id of this message.
-    pub fn id(&self) -> &str {
+    /// The client-chosen id of this message (`stats` may have none).
+    pub fn id(&self) -> Option<&str> {
         match self {
-            ClientMessage::Generate(req) => &req.client_id,
+            ClientMessage::Generate(req) => Some(&req.client_id),
             ClientMessage::Cancel { id }
             | ClientMessage::Tokenize { id, .. }
-            | ClientMessage::Detokenize { id, .. } => id,
+            | ClientMessage::Detokenize { id, .. } => Some(id),
+            ClientMessage::Stats { id } => id.as_deref(),
         }
     }
 }

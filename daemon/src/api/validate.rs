@@ -39,6 +39,7 @@ const GENERATE_FIELDS: &[&str] = &[
     "stop",
 ];
 const CANCEL_FIELDS: &[&str] = &["type", "id"];
+const STATS_FIELDS: &[&str] = &["type", "id"];
 const TOKENIZE_FIELDS: &[&str] = &["type", "id", "text", "special"];
 const DETOKENIZE_FIELDS: &[&str] = &["type", "id", "token_ids"];
 const MESSAGE_FIELDS: &[&str] = &["role", "content"];
@@ -78,6 +79,16 @@ pub fn parse_client_message(
         error,
     };
     let kind = message_type(obj).map_err(with_id)?;
+    if let MessageType::Stats = kind {
+        // `{"type":"stats"}`: the id is optional and only echoed.
+        let id = match obj.get("id") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(id.map_err(with_id)?),
+        };
+        return check_fields(obj, STATS_FIELDS, "stats message")
+            .map(|()| ClientMessage::Stats { id })
+            .map_err(with_id);
+    }
     let id = id.map_err(with_id)?;
     let result = match kind {
         MessageType::Generate => parse_generate(obj, id, defaults, vocab_size),
@@ -85,6 +96,7 @@ pub fn parse_client_message(
             .map(|()| ClientMessage::Cancel { id }),
         MessageType::Tokenize => parse_tokenize(obj, id),
         MessageType::Detokenize => parse_detokenize(obj, id, vocab_size),
+        MessageType::Stats => Ok(ClientMessage::Stats { id: Some(id) }),
     };
     result.map_err(with_id)
 }
@@ -123,20 +135,22 @@ enum MessageType {
     Cancel,
     Tokenize,
     Detokenize,
+    Stats,
 }
 
 fn message_type(obj: &Map<String, Value>) -> VResult<MessageType> {
     match obj.get("type") {
         None | Some(Value::Null) => Err(InferError::validation(
-            "missing field \"type\" (expected one of generate, cancel, tokenize, detokenize)",
+            "missing field \"type\" (expected one of generate, cancel, tokenize, detokenize, stats)",
         )),
         Some(Value::String(s)) => match s.as_str() {
             "generate" => Ok(MessageType::Generate),
             "cancel" => Ok(MessageType::Cancel),
             "tokenize" => Ok(MessageType::Tokenize),
             "detokenize" => Ok(MessageType::Detokenize),
+            "stats" => Ok(MessageType::Stats),
             _ => Err(InferError::validation(format!(
-                "unknown message type {} (expected one of generate, cancel, tokenize, detokenize)",
+                "unknown message type {} (expected one of generate, cancel, tokenize, detokenize, stats)",
                 quote_str(s)
             ))),
         },

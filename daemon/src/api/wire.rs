@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::error::{ErrorKind, InferError};
 use crate::request::{FinishReason, StreamEvent, Timings, Usage};
+use crate::scheduler::EngineStats;
 
 /// Sent in the unlikely case a frame fails to serialize (it cannot with these types).
 const SERIALIZE_FAILED: &str = r#"{"type":"error","id":null,"error":{"type":"internal","message":"failed to serialize a server frame"}}"#;
@@ -117,6 +118,17 @@ pub fn tokens_frame(id: &str, token_ids: &[u32]) -> String {
 /// The JSON text of a `text` frame (answer to `detokenize`).
 pub fn text_frame(id: &str, text: &str) -> String {
     render(&Frame::Text { id, text })
+}
+
+/// The JSON text of a `stats` frame: `{"type":"stats","id":…,` then every field of
+/// [`EngineStats`] (counts of sequences and KV blocks, tokens generated, steps)`}`.
+pub fn stats_frame(id: Option<&str>, stats: &EngineStats) -> String {
+    let mut v = serde_json::to_value(stats).unwrap_or_else(|_| serde_json::json!({}));
+    if let serde_json::Value::Object(map) = &mut v {
+        map.insert("type".into(), "stats".into());
+        map.insert("id".into(), id.map_or(serde_json::Value::Null, Into::into));
+    }
+    v.to_string()
 }
 
 #[cfg(test)]

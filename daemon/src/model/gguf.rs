@@ -295,6 +295,14 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
         config.context_length,
         device,
     )?;
+    let cos_host = cos
+        .to_device(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let sin_host = sin
+        .to_device(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let model = LlamaModel {
         config,
         token_embd,
@@ -303,6 +311,8 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
         output,
         cos,
         sin,
+        cos_host,
+        sin_host,
         device: device.clone(),
     };
     Ok(LoadedModel {

@@ -10,7 +10,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use super::q4_1::Q4_1Matrix;
 use candle_core::{DType, Device, Module, Tensor, D};
 
-use super::KvCache;
+use super::paged::{attend_cpu, AttnShape, ForwardSeq, KvBlockPool, SoloKv};
 
 /// Hyper-parameters read from the `llama.*` GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,6 +94,9 @@ pub struct LlamaModel {
     /// RoPE tables, `(context_length, rope_dim / 2)`.
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+    /// The same tables on the host, row-major, for the CPU path.
+    pub(super) cos_host: Vec<f32>,
+    pub(super) sin_host: Vec<f32>,
     pub(super) device: Device,
 }
 
@@ -129,115 +132,235 @@ impl LlamaModel {
         &self.device
     }
 
-    /// Runs `tokens` (positions `cache.len() .. cache.len() + tokens.len()`) through the
-    /// model, appending their K/V to `cache`, and returns the logits of the last position,
-    /// shape `(vocab_size,)`, f32.
+    /// Runs `tokens` (positions `cache.len() .. cache.len() + tokens.len()`) of a single
+    /// sequence through the model, appending their K/V to `cache`, and returns the
+    /// logits of the last position, shape `(vocab_size,)`, f32.
     ///
     /// # Errors
-    /// A candle error, or the context window would be exceeded.
-    pub fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> candle_core::Result<Tensor> {
-        let seq_len = tokens.len();
-        let start = cache.len();
-        if seq_len == 0 {
-            candle_core::bail!("forward called with no tokens");
+    /// A candle error, no tokens, or the context window would be exceeded.
+    pub fn forward(&self, tokens: &[u32], cache: &mut SoloKv) -> candle_core::Result<Tensor> {
+        let (pool, table, start) = cache.reserve(tokens.len())?;
+        let seq = ForwardSeq {
+            tokens,
+            start_pos: start,
+            block_table: table,
+            want_logits: true,
+        };
+        let logits = self.forward_batch(&[seq], pool)?;
+        cache.advance(tokens.len());
+        match logits {
+            Some(l) => l.squeeze(0),
+            None => candle_core::bail!("forward produced no logits"),
         }
-        if start + seq_len > self.config.context_length {
-            candle_core::bail!(
-                "positions {start}..{} exceed the context window of {} tokens",
-                start + seq_len,
-                self.config.context_length
-            );
+    }
+
+    /// One forward pass over a batch of sequences: every sequence's new tokens (decode
+    /// tokens and prefill chunks alike) go through each layer together, their K/V are
+    /// written into `pool` at the slots their block tables give, and each sequence
+    /// attends over its own positions only.
+    ///
+    /// Returns the logits of the last token of every sequence with `want_logits`, in
+    /// batch order, `(n_wanted, vocab_size)` f32, or `None` when none wants logits.
+    /// Each row equals what the sequence would get alone in the batch, bit for bit
+    /// (every kernel computes a row independently of the other rows).
+    ///
+    /// # Errors
+    /// A candle error; an empty sequence; positions beyond the context window; a block
+    /// table too short or naming a block outside the pool.
+    pub fn forward_batch(
+        &self,
+        seqs: &[ForwardSeq<'_>],
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let ctx = self.config.context_length;
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut wanted = Vec::new();
+        for s in seqs {
+            if s.tokens.is_empty() {
+                candle_core::bail!("forward_batch: a sequence has no tokens");
+            }
+            let end = s.start_pos + s.tokens.len();
+            if end > ctx {
+                candle_core::bail!(
+                    "positions {}..{end} exceed the context window of {ctx} tokens",
+                    s.start_pos
+                );
+            }
+            pool.check_table(s)?;
+            ids.extend_from_slice(s.tokens);
+            positions.extend((s.start_pos..end).map(|p| p as u32));
+            if s.want_logits {
+                wanted.push((ids.len() - 1) as u32);
+            }
         }
-        let ids = Tensor::new(tokens, &self.device)?;
-        // (seq_len, n_embd) -> (1, seq_len, n_embd)
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let n = ids.len();
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        // (T, n_embd) -> (1, T, n_embd)
         let mut x = self.token_embd.embedding(&ids)?.unsqueeze(0)?;
-        let cos = self.cos.narrow(0, start, seq_len)?;
-        let sin = self.sin.narrow(0, start, seq_len)?;
-        let mask = if seq_len > 1 {
-            Some(causal_mask(seq_len, start, &self.device)?)
+        let rope = if pool.is_host() {
+            Rope::Host(&positions)
         } else {
-            None
+            let pos = Tensor::new(positions.as_slice(), &self.device)?;
+            Rope::Device(
+                self.cos.index_select(&pos, 0)?,
+                self.sin.index_select(&pos, 0)?,
+            )
         };
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &block.attn_norm, self.config.rms_eps)?;
-            let attn = self.attention(block, layer, &h, &cos, &sin, mask.as_ref(), cache)?;
+            let attn = self.attention(block, layer, &h, n, seqs, &rope, pool)?;
             x = (x + attn)?;
             let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, self.config.rms_eps)?;
             let gate = candle_nn::ops::silu(&block.ffn_gate.forward(&h)?)?;
             let up = block.ffn_up.forward(&h)?;
             x = (x + block.ffn_down.forward(&(gate * up)?)?)?;
         }
-        let last = x.narrow(1, seq_len - 1, 1)?;
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let rows = Tensor::new(wanted.as_slice(), &self.device)?;
+        let last = x.squeeze(0)?.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last, &self.output_norm, self.config.rms_eps)?;
         let logits = self.output.forward(&last)?;
-        logits.flatten_all()?.to_dtype(DType::F32)
+        Ok(Some(logits.to_dtype(DType::F32)?))
     }
 
-    /// Grouped-query self-attention for one block. `h` is `(1, L, n_embd)`; returns
-    /// the attention output after `attn_output`, `(1, L, n_embd)`.
+    /// Grouped-query self-attention of one block over the batch. `h` is
+    /// `(1, T, n_embd)`; returns the attention output after `attn_output`, `(1, T, n_embd)`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         block: &Block,
         layer: usize,
         h: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&Tensor>,
-        cache: &mut dyn KvCache,
+        n: usize,
+        seqs: &[ForwardSeq<'_>],
+        rope: &Rope<'_>,
+        pool: &mut KvBlockPool,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
-        let (_, seq_len, _) = h.dims3()?;
+        let q = block.attn_q.forward(h)?;
+        let k = block.attn_k.forward(h)?;
+        let v = block.attn_v.forward(h)?;
+        let y = match rope {
+            Rope::Host(positions) => {
+                let mut q = q.flatten_all()?.to_vec1::<f32>()?;
+                let mut k = k.flatten_all()?.to_vec1::<f32>()?;
+                let v = v.flatten_all()?.to_vec1::<f32>()?;
+                self.rope_host(&mut q, cfg.n_head, positions);
+                self.rope_host(&mut k, cfg.n_kv_head, positions);
+                // Stored as f16 like llama.cpp's default KV cache type.
+                pool.write_host(layer, seqs, &k, &v)?;
+                let shape = AttnShape {
+                    n_head: cfg.n_head,
+                    n_kv_head: cfg.n_kv_head,
+                    head_dim: cfg.head_dim,
+                    scale: (1.0 / (cfg.head_dim as f64).sqrt()) as f32,
+                };
+                let y = attend_cpu(pool, layer, seqs, &q, shape)?;
+                Tensor::from_vec(y, (1, n, cfg.n_head * cfg.head_dim), &self.device)?
+            }
+            Rope::Device(cos, sin) => {
+                self.attention_device(layer, q, k, v, n, seqs, cos, sin, pool)?
+            }
+        };
+        block.attn_output.forward(&y)
+    }
+
+    /// Attention on a non-CPU device with candle ops: K/V go into the device pool, then
+    /// each sequence gathers its slots and attends with a causal mask.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_device(
+        &self,
+        layer: usize,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        n: usize,
+        seqs: &[ForwardSeq<'_>],
+        cos: &Tensor,
+        sin: &Tensor,
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Tensor> {
+        let cfg = &self.config;
         let group = cfg.n_head / cfg.n_kv_head;
-        let q = block
-            .attn_q
-            .forward(h)?
-            .reshape((1, seq_len, cfg.n_head, cfg.head_dim))?
+        // (1, T, heads·d) -> (1, heads, T, d) for rope_i with per-row positions.
+        let q = q
+            .reshape((1, n, cfg.n_head, cfg.head_dim))?
             .transpose(1, 2)?
             .contiguous()?;
-        let k = block
-            .attn_k
-            .forward(h)?
-            .reshape((1, seq_len, cfg.n_kv_head, cfg.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let v = block
-            .attn_v
-            .forward(h)?
-            .reshape((1, seq_len, cfg.n_kv_head, cfg.head_dim))?
+        let k = k
+            .reshape((1, n, cfg.n_kv_head, cfg.head_dim))?
             .transpose(1, 2)?
             .contiguous()?;
         let q = self.rope(&q, cos, sin)?;
         let k = self.rope(&k, cos, sin)?;
-        // llama.cpp keeps K and V in f16 by default; round them the same way so greedy
-        // decisions follow it (storage stays f32 for candle's CPU matmul).
-        let k = k.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
-        let v = v.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
-        let (k_all, v_all) = cache.append(layer, &k, &v)?;
-        let kv_len = k_all.dim(2)?;
-
-        // Query heads of one KV group are adjacent, so (1, n_head, L, d) reshapes to
-        // (1, n_kv_head, group·L, d) and attends against the KV head without copying it.
-        let q = q.reshape((1, cfg.n_kv_head, group * seq_len, cfg.head_dim))?;
+        // (1, kvh, T, d) -> (T, kvh, d) for the slot writes.
+        let k_rows = k.squeeze(0)?.transpose(0, 1)?.contiguous()?;
+        let v_rows = v.reshape((n, cfg.n_kv_head, cfg.head_dim))?;
+        pool.write_device(layer, seqs, &k_rows, &v_rows)?;
         let scale = 1.0 / (cfg.head_dim as f64).sqrt();
-        let att = (q.matmul(&k_all.t()?)? * scale)?;
-        let att = match mask {
-            Some(mask) => att
-                .reshape((1, cfg.n_kv_head, group, seq_len, kv_len))?
-                .broadcast_add(mask)?
-                .reshape((1, cfg.n_kv_head, group * seq_len, kv_len))?,
-            None => att,
-        };
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
-        let y = att.matmul(&v_all)?; // (1, n_kv_head, group·L, d)
-        let y = y
-            .reshape((1, cfg.n_head, seq_len, cfg.head_dim))?
-            .transpose(1, 2)?
-            .reshape((1, seq_len, cfg.n_head * cfg.head_dim))?;
-        block.attn_output.forward(&y)
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for s in seqs {
+            let len = s.tokens.len();
+            let kv_len = s.start_pos + len;
+            let (k_all, v_all) = pool.gather_device(layer, s.block_table, kv_len)?;
+            // (1, n_head, len, d) -> (n_kv_head, group·len, d): query heads of one KV
+            // group are adjacent.
+            let qs = q.narrow(2, row, len)?.contiguous()?.reshape((
+                cfg.n_kv_head,
+                group * len,
+                cfg.head_dim,
+            ))?;
+            let att = (qs.matmul(&k_all.t()?)? * scale)?;
+            let att = if len > 1 {
+                let mask = causal_mask(len, s.start_pos, &self.device)?;
+                att.reshape((cfg.n_kv_head, group, len, kv_len))?
+                    .broadcast_add(&mask)?
+                    .reshape((cfg.n_kv_head, group * len, kv_len))?
+            } else {
+                att
+            };
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let y = att
+                .matmul(&v_all)?
+                .reshape((cfg.n_head, len, cfg.head_dim))?
+                .transpose(0, 1)?
+                .reshape((len, cfg.n_head * cfg.head_dim))?;
+            outs.push(y);
+            row += len;
+        }
+        Tensor::cat(&outs, 0)?.unsqueeze(0)
     }
 
-    /// Applies RoPE to `x` `(1, heads, L, head_dim)` in the adjacent-pair layout.
+    /// RoPE in place on host rows `(T, heads · head_dim)`, row `t` at `positions[t]`,
+    /// with candle's `rope_i` arithmetic (adjacent pairs; dimensions past `rope_dim`
+    /// pass through).
+    fn rope_host(&self, x: &mut [f32], heads: usize, positions: &[u32]) {
+        let cfg = &self.config;
+        let half = cfg.rope_dim / 2;
+        for (t, &pos) in positions.iter().enumerate() {
+            let cos = &self.cos_host[pos as usize * half..(pos as usize + 1) * half];
+            let sin = &self.sin_host[pos as usize * half..(pos as usize + 1) * half];
+            for h in 0..heads {
+                let base = (t * heads + h) * cfg.head_dim;
+                let row = &mut x[base..base + cfg.rope_dim];
+                for i in 0..half {
+                    let (a, b) = (row[2 * i], row[2 * i + 1]);
+                    row[2 * i] = a * cos[i] - b * sin[i];
+                    row[2 * i + 1] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
+    }
+
+    /// Applies RoPE to `x` `(1, heads, L, head_dim)` in the adjacent-pair layout; `cos`
+    /// and `sin` are `(L, rope_dim / 2)`, one row per position.
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
         if cfg.rope_dim == cfg.head_dim {
@@ -249,6 +372,14 @@ impl LlamaModel {
             Tensor::cat(&[&rot, &pass], D::Minus1)?.contiguous()
         }
     }
+}
+
+/// Where RoPE angles come from in one forward pass.
+enum Rope<'a> {
+    /// Host tables indexed by these positions (CPU pool).
+    Host(&'a [u32]),
+    /// `cos` and `sin` rows gathered for the batch's positions, each `(T, rope_dim / 2)`.
+    Device(Tensor, Tensor),
 }
 
 /// Additive causal mask `(L, start + L)`: 0 where key `j ≤ start + i`, -inf after.

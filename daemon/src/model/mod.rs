@@ -1,15 +1,16 @@
 //! Pure candle model code: GGUF loading, architecture dispatch and the llama-family
-//! forward pass. The KV cache lives outside the weights (see [`KvCache`]): the model
-//! runner owns it, so later stages can page, batch and persist it.
+//! forward pass. The KV cache lives outside the weights, in a paged block pool
+//! ([`KvBlockPool`]) that the model runner owns and the scheduler's block manager
+//! allocates, so sequences can be batched, preempted and (later) share prefixes.
 
 mod gguf;
 mod llama;
+pub mod paged;
 pub mod q4_1;
 
 pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
 pub use llama::{LlamaConfig, LlamaModel};
-
-use candle_core::Tensor;
+pub use paged::{ForwardSeq, KvBlockPool, SoloKv, KV_ELEMENT_BYTES};
 
 /// Errors while loading a model file. Start-up reports them and exits; they never panic.
 #[derive(Debug, thiserror::Error)]
@@ -63,32 +64,5 @@ pub fn candle_error_message(e: &candle_core::Error) -> String {
             format!("{context}: {}", candle_error_message(inner))
         }
         other => other.to_string(),
-    }
-}
-
-/// Storage for the keys and values of one sequence, owned by the model runner.
-///
-/// The model calls [`KvCache::append`] once per layer per forward pass, with the new
-/// positions' K and V after RoPE, and attends over what it returns.
-pub trait KvCache {
-    /// Appends `k` and `v`, each of shape `(1, n_kv_heads, new_tokens, head_dim)`, to
-    /// layer `layer` and returns every cached key and value of that layer, each of shape
-    /// `(1, n_kv_heads, cached_tokens + new_tokens, head_dim)`.
-    ///
-    /// # Errors
-    /// A candle error, or capacity exhausted (the caller checks the context window first).
-    fn append(
-        &mut self,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> candle_core::Result<(Tensor, Tensor)>;
-
-    /// Number of positions already cached (the position of the next token).
-    fn len(&self) -> usize;
-
-    /// Whether nothing is cached yet.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

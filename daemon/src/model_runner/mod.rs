@@ -1,12 +1,10 @@
-//! The model runner: owns the device, the weights and every sequence's KV cache, and
-//! executes the scheduler's batches. Its actor runs on its own `SyncArbiter` thread.
+//! The model runner: owns the device, the weights and the KV block pool, and executes
+//! the scheduler's batches, one forward pass per step. Its actor runs on its own `SyncArbiter` thread.
 
 mod actor;
-mod kv_cache;
 mod runner;
 
 pub use actor::ModelRunnerActor;
-pub use kv_cache::SequenceKvCache;
 pub use runner::{BatchItem, ItemOutput, ModelRunner, RunBatch, StepOutput};
 
 use candle_core::Device;
@@ -46,5 +44,7 @@ pub fn select_device(spec: &str) -> Result<Device, String> {
     }
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod parity_tests;

@@ -1,46 +1,54 @@
-//! The runner proper, without actix: executes one [`RunBatch`] at a time.
-
-use std::collections::HashMap;
+//! The runner proper, without actix: executes one [`RunBatch`] at a time as one
+//! forward pass over every sequence in it.
 
 use crate::error::InferError;
-use crate::model::{KvCache, LlamaModel};
+use crate::model::{ForwardSeq, KvBlockPool, LlamaModel};
 use crate::request::SeqId;
-
-use super::kv_cache::SequenceKvCache;
 
 /// Work for one sequence in one step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchItem {
     /// The sequence.
     pub seq: SeqId,
-    /// Tokens to run, at positions `cached .. cached + tokens.len()` of the sequence:
-    /// the (rest of the) prompt for a prefill, one token for a decode.
+    /// Tokens to run, at positions `start_pos .. start_pos + tokens.len()`: a prompt
+    /// chunk for a prefill (or a recompute after preemption), one token for a decode.
     pub tokens: Vec<u32>,
+    /// Position of `tokens[0]` (tokens of this sequence already in the KV cache).
+    pub start_pos: usize,
+    /// KV blocks of the sequence, covering positions `0 .. start_pos + tokens.len()`
+    /// (from the scheduler's block manager).
+    pub block_table: Vec<u32>,
+    /// Whether to return the logits of the last token.
+    pub want_logits: bool,
 }
 
-/// One engine step: sequences to free first, then the items to run.
+/// One engine step: the items run together in one forward pass.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunBatch {
-    /// Sequences whose KV caches are released before running (finished or cancelled).
-    pub free: Vec<SeqId>,
     /// Forward work for this step.
     pub items: Vec<BatchItem>,
 }
 
 impl RunBatch {
-    /// Whether there is neither work nor anything to free.
+    /// Whether there is no work.
     pub fn is_empty(&self) -> bool {
-        self.free.is_empty() && self.items.is_empty()
+        self.items.is_empty()
+    }
+
+    /// Tokens in the step (decode tokens plus prefill chunk tokens).
+    pub fn num_tokens(&self) -> usize {
+        self.items.iter().map(|i| i.tokens.len()).sum()
     }
 }
 
-/// Result for one [`BatchItem`]: the logits of its last position, `(vocab_size,)` f32.
+/// Result for one [`BatchItem`].
 #[derive(Debug)]
 pub struct ItemOutput {
     /// The sequence.
     pub seq: SeqId,
-    /// Logits, or why this sequence's forward failed (only that sequence is affected).
-    pub logits: Result<Vec<f32>, InferError>,
+    /// Logits of the item's last token, `(vocab_size,)` f32, when `want_logits` was set;
+    /// or why the step's forward pass failed (every item of the step gets the error).
+    pub logits: Result<Option<Vec<f32>>, InferError>,
 }
 
 /// Result of one step, in the order of [`RunBatch::items`].
@@ -50,20 +58,18 @@ pub struct StepOutput {
     pub items: Vec<ItemOutput>,
 }
 
-/// Owns the model and the per-sequence KV caches.
+/// Owns the model and the KV block pool. Holds no per-sequence state: block tables
+/// come with every batch, so freeing a sequence is the block manager's business.
 #[derive(Debug)]
 pub struct ModelRunner {
     model: LlamaModel,
-    caches: HashMap<SeqId, SequenceKvCache>,
+    pool: KvBlockPool,
 }
 
 impl ModelRunner {
-    /// Wraps a loaded model.
-    pub fn new(model: LlamaModel) -> Self {
-        Self {
-            model,
-            caches: HashMap::new(),
-        }
+    /// Wraps a loaded model and its KV pool.
+    pub fn new(model: LlamaModel, pool: KvBlockPool) -> Self {
+        Self { model, pool }
     }
 
     /// The model.
@@ -71,37 +77,50 @@ impl ModelRunner {
         &self.model
     }
 
-    /// Executes one step. A failing item yields an `internal` error for its sequence only
-    /// and drops that sequence's cache.
+    /// Executes one step as one batched forward pass.
     pub fn run(&mut self, batch: RunBatch) -> StepOutput {
-        for seq in &batch.free {
-            self.caches.remove(seq);
-        }
+        let seqs: Vec<ForwardSeq<'_>> = batch
+            .items
+            .iter()
+            .map(|i| ForwardSeq {
+                tokens: &i.tokens,
+                start_pos: i.start_pos,
+                block_table: &i.block_table,
+                want_logits: i.want_logits,
+            })
+            .collect();
+        let result = self
+            .model
+            .forward_batch(&seqs, &mut self.pool)
+            .and_then(|t| t.map(|t| t.to_vec2::<f32>()).transpose())
+            .map_err(|e| {
+                InferError::internal(format!(
+                    "forward pass failed: {}",
+                    crate::model::candle_error_message(&e)
+                ))
+            });
         let mut out = StepOutput {
             items: Vec::with_capacity(batch.items.len()),
         };
-        for item in batch.items {
-            let cache = self
-                .caches
-                .entry(item.seq)
-                .or_insert_with(|| SequenceKvCache::new(self.model.config(), self.model.device()));
-            let logits = self
-                .model
-                .forward(&item.tokens, cache as &mut dyn KvCache)
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| {
-                    InferError::internal(format!(
-                        "forward pass failed: {}",
-                        crate::model::candle_error_message(&e)
-                    ))
-                });
-            if logits.is_err() {
-                self.caches.remove(&item.seq);
+        match result {
+            Ok(rows) => {
+                let mut rows = rows.unwrap_or_default().into_iter();
+                for item in &batch.items {
+                    let logits = if item.want_logits { rows.next() } else { None };
+                    out.items.push(ItemOutput {
+                        seq: item.seq,
+                        logits: Ok(logits),
+                    });
+                }
             }
-            out.items.push(ItemOutput {
-                seq: item.seq,
-                logits,
-            });
+            Err(e) => {
+                for item in &batch.items {
+                    out.items.push(ItemOutput {
+                        seq: item.seq,
+                        logits: Err(e.clone()),
+                    });
+                }
+            }
         }
         out
     }

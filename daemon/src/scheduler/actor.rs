@@ -4,8 +4,11 @@
 //! Exactly one step is in flight at a time; the next starts as soon as one finishes.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, MessageResult, WrapFuture,
+};
 
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
@@ -13,7 +16,7 @@ use crate::request::{FinishReason, SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
 
-use super::policy::Scheduler;
+use super::policy::{EngineStats, Scheduler};
 use super::sequence::{Sequence, TokenOutcome, TokenizedRequest};
 
 /// Queue a tokenized request (from the tokenizer stage).
@@ -28,6 +31,14 @@ pub struct Submit(pub TokenizedRequest);
 #[rtype(result = "()")]
 pub struct Cancel(pub SeqId);
 
+/// Ask for the engine counters (the `stats` message).
+#[derive(Debug, Message)]
+#[rtype(result = "EngineStats")]
+pub struct GetStats;
+
+/// Engine counters are logged at most this often while the engine is busy.
+const STATS_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// The engine loop actor; run it on its own `Arbiter` so sampling and detokenization
 /// stay off the connections' executor.
 pub struct SchedulerActor {
@@ -35,6 +46,7 @@ pub struct SchedulerActor {
     runner: Addr<ModelRunnerActor>,
     tokenizer: Arc<TextTokenizer>,
     step_in_flight: bool,
+    last_stats_log: Instant,
 }
 
 impl SchedulerActor {
@@ -50,7 +62,24 @@ impl SchedulerActor {
             runner,
             tokenizer,
             step_in_flight: false,
+            last_stats_log: Instant::now(),
         }
+    }
+
+    fn log_stats(&mut self, why: &'static str) {
+        self.last_stats_log = Instant::now();
+        let st = self.scheduler.stats();
+        tracing::info!(
+            running = st.running,
+            waiting = st.waiting,
+            preempted = st.preempted,
+            preemptions_total = st.preemptions_total,
+            kv_blocks_used = st.kv_blocks_used,
+            kv_blocks_total = st.kv_blocks_total,
+            tokens_generated = st.tokens_generated,
+            steps = st.steps,
+            "engine stats ({why})"
+        );
     }
 
     fn finish(&self, mut seq: Sequence, reason: FinishReason) {
@@ -101,6 +130,9 @@ impl SchedulerActor {
         if self.scheduler.is_idle() {
             return;
         }
+        if self.last_stats_log.elapsed() >= STATS_LOG_INTERVAL {
+            self.log_stats("periodic");
+        }
         let (batch, admitted) = self.scheduler.schedule();
         for id in admitted {
             if let Some(seq) = self.scheduler.running_mut(id) {
@@ -144,9 +176,20 @@ impl SchedulerActor {
                 }
             };
             seq.computed += std::mem::take(&mut seq.in_flight);
-            if seq.cancel.is_cancelled() || seq.is_prefilling() {
+            if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
+            let Some(logits) = logits else {
+                if let Some(s) = self.scheduler.remove_running(item.seq) {
+                    self.fail(
+                        s,
+                        InferError::internal(
+                            "the model runner returned no logits for a sequence that needs them",
+                        ),
+                    );
+                }
+                continue;
+            };
             let token = match seq.sample(&logits) {
                 Ok(t) => t,
                 Err(e) => {
@@ -158,6 +201,7 @@ impl SchedulerActor {
             };
             let is_eog = self.tokenizer.eog_token_ids().contains(&token);
             let outcome = seq.accept_token(token, self.tokenizer.token_bytes(token), is_eog);
+            self.scheduler.note_generated();
             if let TokenOutcome::Finished(reason) = outcome {
                 if let Some(s) = self.scheduler.remove_running(item.seq) {
                     self.finish(s, reason);
@@ -202,5 +246,14 @@ impl Handler<Cancel> for SchedulerActor {
     fn handle(&mut self, _msg: Cancel, ctx: &mut Context<Self>) {
         self.sweep_cancelled();
         self.step(ctx);
+    }
+}
+
+impl Handler<GetStats> for SchedulerActor {
+    type Result = MessageResult<GetStats>;
+
+    fn handle(&mut self, _msg: GetStats, _ctx: &mut Context<Self>) -> Self::Result {
+        self.log_stats("requested");
+        MessageResult(self.scheduler.stats())
     }
 }

@@ -1,16 +1,21 @@
 //! The scheduler: owns the queues and decides what runs in each engine step.
 //!
 //! - [`sequence`]: the state of one accepted sequence (tokens, sampler, output stream).
-//! - [`policy`]: [`Scheduler`], the pure queueing policy, unit-tested without actix.
+//! - [`block_manager`]: [`BlockManager`], KV block allocation, block tables and
+//!   reference counts.
+//! - [`policy`]: [`Scheduler`], the continuous-batching policy (admission, token
+//!   budget, chunked prefill, preemption), unit-tested without actix.
 //! - [`actor`]: [`SchedulerActor`], the engine loop: schedule → run on the model runner
 //!   → sample → detokenize → stream events, one step after another.
 
 pub mod actor;
+pub mod block_manager;
 pub mod policy;
 pub mod sequence;
 
-pub use actor::{Cancel, SchedulerActor, Submit};
-pub use policy::{Scheduler, SchedulerLimits};
+pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
+pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
+pub use policy::{EngineStats, Scheduler, SchedulerLimits};
 pub use sequence::{Sequence, TokenizedRequest};
 
 #[cfg(test)]

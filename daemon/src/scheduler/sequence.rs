@@ -67,6 +67,8 @@ pub struct Sequence {
     unsent_ids: Vec<u32>,
     /// Whether `started` was sent (the sequence was admitted to run).
     pub started: bool,
+    /// Times this sequence was preempted (its KV freed, to be recomputed).
+    pub preemptions: u32,
 }
 
 impl Sequence {
@@ -89,18 +91,25 @@ impl Sequence {
             last_token_at: None,
             unsent_ids: Vec::new(),
             started: false,
+            preemptions: 0,
         }
     }
 
-    /// Number of tokens not yet computed: the rest of the prompt while prefilling, then
-    /// the last sampled token.
-    pub fn pending_len(&self) -> usize {
-        self.prompt.len() + self.generated.len() - self.computed
+    /// Prompt plus generated tokens.
+    pub fn total_len(&self) -> usize {
+        self.prompt.len() + self.generated.len()
     }
 
-    /// Whether the prompt is not fully computed yet.
+    /// Number of tokens not yet computed: the rest of the prompt while prefilling (or
+    /// everything after a preemption), then the last sampled token.
+    pub fn pending_len(&self) -> usize {
+        self.total_len() - self.computed
+    }
+
+    /// Whether more than the next decode token is pending: a prompt not fully computed,
+    /// or a preempted sequence being recomputed. Such sequences run as prefill chunks.
     pub fn is_prefilling(&self) -> bool {
-        self.computed < self.prompt.len()
+        self.computed < self.prompt.len() || self.pending_len() > 1
     }
 
     /// The next `max` uncomputed tokens (prompt first, then generated).

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::block_manager::{BlockManager, OutOfBlocks};
 use super::policy::{Scheduler, SchedulerLimits};
 use super::sequence::{TokenOutcome, TokenizedRequest};
 use crate::error::ErrorKind;
@@ -45,14 +46,36 @@ fn limits(max_running: usize, max_waiting: usize, ctx: usize) -> SchedulerLimits
         max_running,
         max_waiting,
         context_length: ctx,
-        prefill_chunk_tokens: 8,
+        max_batch_tokens: 9,
         attention_cost_tokens: usize::MAX / 2,
+    }
+}
+
+/// A scheduler over a roomy pool (1,000 blocks of 4 tokens).
+fn sched(max_running: usize, max_waiting: usize, ctx: usize) -> Scheduler {
+    Scheduler::new(
+        limits(max_running, max_waiting, ctx),
+        BlockManager::new(1000, 4),
+    )
+}
+
+/// Marks the step as run for every running sequence; those with all tokens computed
+/// accept `token`.
+fn complete_step(s: &mut Scheduler, ids: &[u64], token: u32) {
+    for &id in ids {
+        if let Some(q) = s.running_mut(SeqId(id)) {
+            let ran = std::mem::take(&mut q.in_flight);
+            q.computed += ran;
+            if ran > 0 && q.pending_len() == 0 {
+                q.accept_token(token, b"t", false);
+            }
+        }
     }
 }
 
 #[test]
 fn admits_in_arrival_order_up_to_max_running() {
-    let mut s = Scheduler::new(limits(2, 10, 100));
+    let mut s = sched(2, 10, 100);
     let mut keep = Vec::new();
     for id in 1..=3 {
         let (r, rx, c) = request(id, 5, 10);
@@ -69,7 +92,7 @@ fn admits_in_arrival_order_up_to_max_running() {
 
 #[test]
 fn prefill_then_one_token_per_step() {
-    let mut s = Scheduler::new(limits(4, 10, 100));
+    let mut s = sched(4, 10, 100);
     let (r, _rx, _c) = request(1, 3, 10);
     s.submit(r).expect("submit");
     let (batch, _) = s.schedule();
@@ -84,7 +107,7 @@ fn prefill_then_one_token_per_step() {
 
 #[test]
 fn overload_and_context_errors_name_the_numbers() {
-    let mut s = Scheduler::new(limits(1, 1, 50));
+    let mut s = sched(1, 1, 50);
     let (r, _rx1, _c1) = request(1, 5, 10);
     s.submit(r).expect("first waits");
     let (r, _rx2, _c2) = request(2, 5, 10);
@@ -99,7 +122,7 @@ fn overload_and_context_errors_name_the_numbers() {
 
 #[test]
 fn generation_budget_is_capped_by_the_context_window() {
-    let mut s = Scheduler::new(limits(1, 1, 20));
+    let mut s = sched(1, 1, 20);
     let (r, _rx, _c) = request(1, 15, 1000);
     s.submit(r).expect("submit");
     s.schedule();
@@ -116,7 +139,7 @@ fn generation_budget_is_capped_by_the_context_window() {
 
 #[test]
 fn cancelled_sequences_leave_and_running_ones_are_freed_next_step() {
-    let mut s = Scheduler::new(limits(1, 10, 100));
+    let mut s = sched(1, 10, 100);
     let (r1, _rx1, c1) = request(1, 4, 10);
     let (r2, _rx2, c2) = request(2, 4, 10);
     s.submit(r1).expect("submit");
@@ -124,23 +147,23 @@ fn cancelled_sequences_leave_and_running_ones_are_freed_next_step() {
     s.schedule(); // 1 runs, 2 waits
     c1.cancel();
     c2.cancel();
+    assert_eq!(
+        s.blocks().used_blocks(),
+        1,
+        "seq 1 holds its prompt's block"
+    );
     let gone: Vec<SeqId> = s.take_cancelled().iter().map(|q| q.id).collect();
     assert_eq!(gone.len(), 2);
     assert!(gone.contains(&SeqId(1)) && gone.contains(&SeqId(2)));
-    assert_eq!(
-        s.pending_frees(),
-        &[SeqId(1)],
-        "only the running one holds KV"
-    );
+    assert_eq!(s.blocks().used_blocks(), 0, "blocks are freed at once");
     let (batch, admitted) = s.schedule();
-    assert_eq!(batch.free, vec![SeqId(1)]);
     assert!(batch.items.is_empty() && admitted.is_empty());
     assert!(s.is_idle());
 }
 
 #[test]
 fn finishing_streams_the_rest_and_reports_usage() {
-    let mut s = Scheduler::new(limits(1, 10, 100));
+    let mut s = sched(1, 10, 100);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let req = TokenizedRequest {
         seq: SeqId(1),
@@ -197,13 +220,13 @@ fn finishing_streams_the_rest_and_reports_usage() {
         }
         other => panic!("expected done, got {other:?}"),
     }
-    assert_eq!(s.schedule().0.free, vec![SeqId(1)]);
+    assert_eq!(s.blocks().used_blocks(), 0);
 }
 
 #[test]
 fn long_prompts_are_prefilled_in_chunks_within_a_step_budget() {
-    // Budget 8 prompt tokens per step; decodes are always included.
-    let mut s = Scheduler::new(limits(4, 10, 100));
+    // Budget 9 tokens per step; decodes are always included, prefill gets the rest.
+    let mut s = sched(4, 10, 100);
     let (r1, _rx1, _c1) = request(1, 3, 10);
     s.submit(r1).expect("submit");
     let (b, _) = s.schedule();
@@ -224,21 +247,21 @@ fn long_prompts_are_prefilled_in_chunks_within_a_step_budget() {
             if let Some(q) = s.running_mut(SeqId(id)) {
                 let ran = std::mem::take(&mut q.in_flight);
                 q.computed += ran;
-                if ran > 0 && !q.is_prefilling() {
+                if ran > 0 && q.pending_len() == 0 {
                     q.accept_token(60 + step, b"b", false);
                 }
             }
         }
     }
     // Seq 1 decodes every step. The budget goes shortest-remaining-first: seq 3's
-    // 5-token prompt before seq 2's 20-token one, which takes the rest: 3 + 8 + 8 + 1.
+    // 5-token prompt before seq 2's 20-token one, which takes the rest: 3 + 7 + 7 + 3.
     assert_eq!(
         chunks,
         vec![
             vec![(1, 1), (2, 3), (3, 5)],
-            vec![(1, 1), (2, 8), (3, 1)],
-            vec![(1, 1), (2, 8), (3, 1)],
-            vec![(1, 1), (2, 1), (3, 1)],
+            vec![(1, 1), (2, 7), (3, 1)],
+            vec![(1, 1), (2, 7), (3, 1)],
+            vec![(1, 1), (2, 3), (3, 1)],
         ]
     );
     // The chunks are the prompt in order, then the sampled token.
@@ -253,7 +276,7 @@ fn chunks_shrink_as_the_context_gets_deeper() {
         max_running: 1,
         max_waiting: 1,
         context_length: 10_000,
-        prefill_chunk_tokens: 256,
+        max_batch_tokens: 256,
         attention_cost_tokens: 1024,
     };
     assert_eq!(l.chunk_at(0, 256), 256);
@@ -261,4 +284,154 @@ fn chunks_shrink_as_the_context_gets_deeper() {
     assert_eq!(l.chunk_at(8000, 256), 30);
     assert_eq!(l.chunk_at(1_000_000, 256), 1, "always progresses");
     assert_eq!(l.chunk_at(0, 10), 10, "never above the remaining budget");
+}
+
+#[test]
+fn block_manager_allocates_all_or_nothing_and_counts_references() {
+    let mut m = BlockManager::new(4, 16);
+    assert_eq!(
+        (m.total_blocks(), m.free_blocks(), m.capacity_tokens()),
+        (4, 4, 64)
+    );
+    m.ensure(SeqId(1), 17).expect("2 blocks");
+    assert_eq!(m.table(SeqId(1)), &[0, 1]);
+    m.ensure(SeqId(1), 32).expect("still 2 blocks");
+    assert_eq!(m.table(SeqId(1)).len(), 2);
+    assert_eq!(
+        m.ensure(SeqId(2), 49),
+        Err(OutOfBlocks { needed: 4, free: 2 })
+    );
+    assert!(m.table(SeqId(2)).is_empty(), "nothing allocated on failure");
+    // Seq 3 shares seq 1's first block (a common prefix), then grows on its own.
+    assert_eq!(m.share_prefix(SeqId(1), SeqId(3), 1), 1);
+    assert_eq!(m.ref_count(0), 2);
+    m.ensure(SeqId(3), 20).expect("one more block");
+    assert_eq!(m.table(SeqId(3)), &[0, 2]);
+    assert_eq!(m.used_blocks(), 3);
+    // Freeing seq 1 frees only its unshared block.
+    assert_eq!(m.free(SeqId(1)), 1);
+    assert_eq!(m.ref_count(0), 1);
+    assert_eq!(m.ref_count(1), 0);
+    assert_eq!(m.free(SeqId(3)), 2);
+    assert_eq!(m.free_blocks(), 4);
+    assert_eq!(m.free(SeqId(3)), 0, "double free is a no-op");
+}
+
+#[test]
+fn admission_waits_for_free_blocks() {
+    // 4 blocks of 4 tokens. Seq 1's 10-token prompt takes 3; seq 2's 6-token prompt
+    // needs 2 (+ 1 watermark block) and must wait even though max_running allows it.
+    let mut s = Scheduler::new(limits(4, 10, 100), BlockManager::new(4, 4));
+    let (r1, _rx1, _c1) = request(1, 10, 2);
+    let (r2, _rx2, _c2) = request(2, 6, 2);
+    s.submit(r1).expect("submit");
+    s.submit(r2).expect("submit");
+    let (b, admitted) = s.schedule();
+    assert_eq!(admitted, vec![SeqId(1)]);
+    assert_eq!(b.items.len(), 1);
+    assert_eq!(b.items[0].block_table, vec![0, 1, 2]);
+    assert_eq!((s.running_len(), s.waiting_len()), (1, 1));
+    assert_eq!(s.stats().kv_blocks_used, 3);
+    s.remove_running(SeqId(1)).expect("finish");
+    let (b, admitted) = s.schedule();
+    assert_eq!(admitted, vec![SeqId(2)]);
+    assert_eq!(b.items[0].tokens.len(), 6);
+    assert_eq!(s.stats().kv_blocks_used, 2);
+}
+
+#[test]
+fn prompts_beyond_the_kv_budget_are_refused_and_budgets_capped() {
+    let mut s = Scheduler::new(limits(4, 10, 1000), BlockManager::new(4, 4));
+    let (r, _rx, _c) = request(1, 16, 5);
+    let e = s
+        .submit(r)
+        .expect_err("16 tokens leave no room in a 16-token cache");
+    assert_eq!(e.1.kind, ErrorKind::ContextLengthExceeded);
+    assert!(
+        e.1.message.contains("KV cache holds 16 tokens") && e.1.message.contains("kv_cache_bytes"),
+        "{}",
+        e.1.message
+    );
+    let (r, _rx, _c) = request(2, 10, 100);
+    s.submit(r).expect("fits");
+    s.schedule();
+    assert_eq!(s.running_mut(SeqId(2)).expect("running").max_new_tokens, 6);
+}
+
+#[test]
+fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
+    // 6 blocks of 4 tokens; two 8-token prompts (2 blocks each) both fit at first.
+    let lim = SchedulerLimits {
+        max_batch_tokens: 16,
+        ..limits(4, 10, 100)
+    };
+    let mut s = Scheduler::new(lim, BlockManager::new(6, 4));
+    let (r1, mut rx1, _c1) = request(1, 8, 20);
+    let (r2, mut rx2, _c2) = request(2, 8, 20);
+    s.submit(r1).expect("submit");
+    s.submit(r2).expect("submit");
+    let (b, admitted) = s.schedule();
+    assert_eq!(admitted, vec![SeqId(1), SeqId(2)]);
+    assert_eq!(b.items.len(), 2);
+    for id in admitted {
+        s.running_mut(id).expect("running").send_started(); // as the engine loop does
+    }
+    complete_step(&mut s, &[1, 2], 500); // both sampled their first token (position 8)
+                                         // Position 8 needs a third block each: 6 used, 0 free.
+    let (b, _) = s.schedule();
+    assert_eq!(b.items.len(), 2);
+    assert_eq!(s.blocks().free_blocks(), 0);
+    for _ in 0..3 {
+        complete_step(&mut s, &[1, 2], 501);
+        let (b, _) = s.schedule();
+        assert_eq!(b.items.len(), 2, "positions 9..11 fit in the third blocks");
+    }
+    complete_step(&mut s, &[1, 2], 502);
+    // Position 12 needs a fourth block: seq 2 (newest) is preempted, seq 1 continues.
+    let (b, admitted) = s.schedule();
+    assert!(admitted.is_empty());
+    assert_eq!(b.items.len(), 1);
+    assert_eq!(b.items[0].seq, SeqId(1));
+    assert_eq!(b.items[0].start_pos, 12);
+    let st = s.stats();
+    assert_eq!(
+        (st.running, st.waiting, st.preempted, st.preemptions_total),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(st.kv_blocks_used, 4);
+    // Seq 1 finishes; seq 2 comes back and recomputes prompt + its 5 generated tokens
+    // in one 13-token chunk, without a second `started`.
+    complete_step(&mut s, &[1], 503);
+    s.remove_running(SeqId(1)).expect("finish");
+    let (b, admitted) = s.schedule();
+    assert!(
+        admitted.is_empty(),
+        "a resumed sequence is not started again"
+    );
+    assert_eq!(b.items.len(), 1);
+    let item = &b.items[0];
+    assert_eq!(
+        (item.seq, item.start_pos, item.tokens.len()),
+        (SeqId(2), 0, 13)
+    );
+    assert!(item.want_logits);
+    assert_eq!(&item.tokens[8..], &[500, 501, 501, 501, 502]);
+    complete_step(&mut s, &[2], 504);
+    let (b, _) = s.schedule();
+    assert_eq!(
+        (b.items[0].start_pos, b.items[0].tokens.clone()),
+        (13, vec![504])
+    );
+    // Recomputing streamed nothing: seq 2's events are its 5 deltas from before
+    // preemption and the one token sampled after recomputing.
+    let mut ids = Vec::new();
+    while let Ok(e) = rx2.try_recv() {
+        match e {
+            StreamEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            StreamEvent::Started { .. } => assert!(ids.is_empty(), "started comes first, once"),
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(ids, vec![500, 501, 501, 501, 502, 504]);
+    assert!(rx1.try_recv().is_ok());
 }

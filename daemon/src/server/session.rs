@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::api::{self, ClientMessage, SamplingDefaults};
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, SeqId, StreamEvent};
-use crate::scheduler::{Cancel, SchedulerActor};
+use crate::scheduler::{Cancel, GetStats, SchedulerActor};
 use crate::tokenizer::actor::{Decode, Encode, Prepare};
 use crate::tokenizer::TokenizerActor;
 
@@ -250,6 +250,26 @@ async fn handle_text(
                 }
             })
             .await;
+        }
+        ClientMessage::Stats { id } => {
+            let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
+                let frame = api::error_frame(id.as_deref(), &utility_overloaded());
+                let _ = out.send(Message::text(frame)).await;
+                return;
+            };
+            let scheduler = engine.scheduler.clone();
+            let out = out.clone();
+            actix_rt::spawn(async move {
+                let frame = match scheduler.send(GetStats).await {
+                    Ok(stats) => api::stats_frame(id.as_deref(), &stats),
+                    Err(e) => api::error_frame(
+                        id.as_deref(),
+                        &InferError::internal(format!("engine unavailable: {e}")),
+                    ),
+                };
+                let _ = out.send(Message::text(frame)).await;
+                drop(guard);
+            });
         }
         ClientMessage::Detokenize { id, token_ids } => {
             let tok = engine.utility_tokenizer.clone();

@@ -1,0 +1,763 @@
+//! Paged KV cache storage and the CPU paged-attention kernel.
+//!
+//! KV memory is a pool of fixed-size blocks (PagedAttention, Kwon et al. 2023,
+//! "Efficient Memory Management for Large Language Model Serving with
+//! PagedAttention"): position `p` of a sequence lives in block `table[p / block_size]`,
+//! slot `p % block_size`. Which blocks a sequence owns is decided by the scheduler's
+//! block manager; the pool only stores values.
+//!
+//! Keys and values are stored as IEEE f16, like llama.cpp's default `--cache-type-k/v
+//! f16`, so a token costs `2 × layers × kv_heads × head_dim × 2` bytes. On the CPU the
+//! pool is one host array per layer and attention is computed here ([`attend_cpu`]);
+//! on other devices it is one device tensor per layer and the model gathers a
+//! sequence's slots with `index_select`.
+
+use candle_core::{DType, Device, Tensor};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::LlamaConfig;
+
+/// Bytes of one stored K or V element (f16).
+pub const KV_ELEMENT_BYTES: usize = 2;
+
+/// One sequence's part of a batched forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardSeq<'a> {
+    /// Tokens to run, at positions `start_pos .. start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`: the number of this sequence's tokens already in the cache.
+    pub start_pos: usize,
+    /// Block ids holding positions `0 .. start_pos + tokens.len()` (at least
+    /// `⌈(start_pos + len) / block_size⌉` entries).
+    pub block_table: &'a [u32],
+    /// Whether the logits of the last token are wanted (false for a prefill chunk that
+    /// is not the prompt's last).
+    pub want_logits: bool,
+}
+
+/// Per-layer storage.
+#[derive(Debug)]
+enum LayerStore {
+    /// Host arrays, each `num_blocks × n_kv_head × block_size × head_dim` f16, indexed
+    /// `((block · n_kv_head + head) · block_size + slot) · head_dim + d`: one block of one
+    /// head is contiguous, so attention reads it in one sweep.
+    Host { k: Vec<f16>, v: Vec<f16> },
+    /// Device tensors, each `(num_blocks · block_size, n_kv_head, head_dim)` f16, indexed
+    /// by slot `block · block_size + offset`.
+    Device { k: Tensor, v: Tensor },
+}
+
+/// The KV block pool of one model: `num_blocks` blocks of `block_size` positions for
+/// every layer.
+#[derive(Debug)]
+pub struct KvBlockPool {
+    block_size: usize,
+    num_blocks: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    device: Device,
+    layers: Vec<LayerStore>,
+}
+
+impl KvBlockPool {
+    /// A pool of `num_blocks` blocks of `block_size` tokens for a model with `config`.
+    /// Host memory is allocated zeroed (the OS commits pages as they are first written).
+    ///
+    /// # Errors
+    /// `block_size` or `num_blocks` is 0, or the device allocation failed.
+    pub fn new(
+        config: &LlamaConfig,
+        block_size: usize,
+        num_blocks: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        if block_size == 0 || num_blocks == 0 {
+            candle_core::bail!(
+                "KV block pool needs block_size ≥ 1 and num_blocks ≥ 1 (got {block_size}, {num_blocks})"
+            );
+        }
+        let mut pool = Self {
+            block_size,
+            num_blocks: 0,
+            n_kv_head: config.n_kv_head,
+            head_dim: config.head_dim,
+            device: device.clone(),
+            layers: Vec::with_capacity(config.n_layer),
+        };
+        for _ in 0..config.n_layer {
+            pool.layers.push(pool.empty_layer(0)?);
+        }
+        pool.grow(num_blocks)?;
+        Ok(pool)
+    }
+
+    /// Like [`KvBlockPool::new`] but with tensor storage even on the CPU, so the
+    /// device attention path (candle ops, used on CUDA) can be tested here.
+    ///
+    /// # Errors
+    /// As [`KvBlockPool::new`].
+    pub fn new_tensor_backed(
+        config: &LlamaConfig,
+        block_size: usize,
+        num_blocks: usize,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        if block_size == 0 || num_blocks == 0 {
+            candle_core::bail!(
+                "KV block pool needs block_size ≥ 1 and num_blocks ≥ 1 (got {block_size}, {num_blocks})"
+            );
+        }
+        let shape = (num_blocks * block_size, config.n_kv_head, config.head_dim);
+        let layers = (0..config.n_layer)
+            .map(|_| {
+                Ok(LayerStore::Device {
+                    k: Tensor::zeros(shape, DType::F16, device)?,
+                    v: Tensor::zeros(shape, DType::F16, device)?,
+                })
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            block_size,
+            num_blocks,
+            n_kv_head: config.n_kv_head,
+            head_dim: config.head_dim,
+            device: device.clone(),
+            layers,
+        })
+    }
+
+    fn empty_layer(&self, blocks: usize) -> candle_core::Result<LayerStore> {
+        if self.device.is_cpu()
+            && self
+                .layers
+                .first()
+                .is_none_or(|l| matches!(l, LayerStore::Host { .. }))
+        {
+            let n = blocks * self.block_elems();
+            Ok(LayerStore::Host {
+                k: vec![f16::ZERO; n],
+                v: vec![f16::ZERO; n],
+            })
+        } else {
+            let shape = (blocks * self.block_size, self.n_kv_head, self.head_dim);
+            Ok(LayerStore::Device {
+                k: Tensor::zeros(shape, DType::F16, &self.device)?,
+                v: Tensor::zeros(shape, DType::F16, &self.device)?,
+            })
+        }
+    }
+
+    /// Grows the pool to `num_blocks` blocks, keeping the stored values (used by
+    /// [`SoloKv`]; the serving pool is sized once).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn grow(&mut self, num_blocks: usize) -> candle_core::Result<()> {
+        if num_blocks <= self.num_blocks {
+            return Ok(());
+        }
+        let elems = num_blocks * self.block_elems();
+        let extra_blocks = num_blocks - self.num_blocks;
+        for i in 0..self.layers.len() {
+            let extra = if self.is_host() {
+                None
+            } else {
+                Some(self.empty_layer(extra_blocks)?)
+            };
+            match (&mut self.layers[i], extra) {
+                (LayerStore::Host { k, v }, _) => {
+                    k.resize(elems, f16::ZERO);
+                    v.resize(elems, f16::ZERO);
+                }
+                (LayerStore::Device { k, v }, Some(LayerStore::Device { k: ek, v: ev })) => {
+                    *k = Tensor::cat(&[&*k, &ek], 0)?;
+                    *v = Tensor::cat(&[&*v, &ev], 0)?;
+                }
+                _ => candle_core::bail!("KV pool storage kind changed while growing"),
+            }
+        }
+        self.num_blocks = num_blocks;
+        Ok(())
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Elements of one block of one layer's K (or V): `n_kv_head × block_size × head_dim`.
+    fn block_elems(&self) -> usize {
+        self.n_kv_head * self.block_size * self.head_dim
+    }
+
+    /// Checks that `seq`'s block table covers its positions with valid block ids.
+    pub(super) fn check_table(&self, seq: &ForwardSeq<'_>) -> candle_core::Result<()> {
+        let end = seq.start_pos + seq.tokens.len();
+        let needed = end.div_ceil(self.block_size);
+        if seq.block_table.len() < needed {
+            candle_core::bail!(
+                "block table has {} blocks but positions 0..{end} need {needed} blocks of {}",
+                seq.block_table.len(),
+                self.block_size
+            );
+        }
+        if let Some(&b) = seq.block_table[..needed]
+            .iter()
+            .find(|&&b| b as usize >= self.num_blocks)
+        {
+            candle_core::bail!(
+                "block id {b} is out of range (the pool has {} blocks)",
+                self.num_blocks
+            );
+        }
+        Ok(())
+    }
+
+    /// Slot index (`block · block_size + offset`) of position `pos` under `table`.
+    fn slot(&self, table: &[u32], pos: usize) -> usize {
+        table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    /// Stores K and V of the batch's new tokens for `layer`. `k` and `v` are host rows
+    /// `(T, n_kv_head · head_dim)` f32 (CPU pool) in batch order; values are rounded to
+    /// f16.
+    pub(super) fn write_host(
+        &mut self,
+        layer: usize,
+        seqs: &[ForwardSeq<'_>],
+        k: &[f32],
+        v: &[f32],
+    ) -> candle_core::Result<()> {
+        let (bs, kvh, hd) = (self.block_size, self.n_kv_head, self.head_dim);
+        let slots: Vec<usize> = seqs
+            .iter()
+            .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.block_table, s.start_pos + i)))
+            .map(|(t, p)| self.slot(t, p))
+            .collect();
+        let Some(LayerStore::Host { k: kc, v: vc }) = self.layers.get_mut(layer) else {
+            candle_core::bail!("layer {layer}: no host KV storage");
+        };
+        for (row, slot) in slots.into_iter().enumerate() {
+            let (block, off) = (slot / bs, slot % bs);
+            for h in 0..kvh {
+                let dst = ((block * kvh + h) * bs + off) * hd;
+                let src = (row * kvh + h) * hd;
+                kc[dst..dst + hd].convert_from_f32_slice(&k[src..src + hd]);
+                vc[dst..dst + hd].convert_from_f32_slice(&v[src..src + hd]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores K and V `(T, n_kv_head, head_dim)` (any float dtype, on the pool's device)
+    /// for `layer` on a device pool.
+    pub(super) fn write_device(
+        &mut self,
+        layer: usize,
+        seqs: &[ForwardSeq<'_>],
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<()> {
+        let slots: Vec<usize> = seqs
+            .iter()
+            .flat_map(|s| (0..s.tokens.len()).map(move |i| (s.block_table, s.start_pos + i)))
+            .map(|(t, p)| self.slot(t, p))
+            .collect();
+        let Some(LayerStore::Device { k: kc, v: vc }) = self.layers.get(layer) else {
+            candle_core::bail!("layer {layer}: no device KV storage");
+        };
+        let k = k.to_dtype(DType::F16)?;
+        let v = v.to_dtype(DType::F16)?;
+        for (row, slot) in slots.into_iter().enumerate() {
+            kc.slice_set(&k.narrow(0, row, 1)?, 0, slot)?;
+            vc.slice_set(&v.narrow(0, row, 1)?, 0, slot)?;
+        }
+        Ok(())
+    }
+
+    /// K and V of positions `0..len` of a sequence on a device pool, each
+    /// `(n_kv_head, len, head_dim)` f32.
+    pub(super) fn gather_device(
+        &self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let Some(LayerStore::Device { k, v }) = self.layers.get(layer) else {
+            candle_core::bail!("layer {layer}: no device KV storage");
+        };
+        let slots: Vec<u32> = (0..len).map(|p| self.slot(table, p) as u32).collect();
+        let idx = Tensor::new(slots.as_slice(), &self.device)?;
+        let k = k
+            .index_select(&idx, 0)?
+            .transpose(0, 1)?
+            .to_dtype(DType::F32)?;
+        let v = v
+            .index_select(&idx, 0)?
+            .transpose(0, 1)?
+            .to_dtype(DType::F32)?;
+        Ok((k.contiguous()?, v.contiguous()?))
+    }
+
+    /// Host K and V arrays of `layer`, or `None` on a device pool.
+    fn host_layer(&self, layer: usize) -> Option<(&[f16], &[f16])> {
+        match self.layers.get(layer)? {
+            LayerStore::Host { k, v } => Some((k, v)),
+            LayerStore::Device { .. } => None,
+        }
+    }
+
+    /// Whether the pool lives in host memory (the CPU attention kernel applies).
+    pub fn is_host(&self) -> bool {
+        matches!(self.layers.first(), Some(LayerStore::Host { .. }))
+    }
+}
+
+/// Shapes for [`attend_cpu`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AttnShape {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Score scale, `1 / √head_dim`.
+    pub scale: f32,
+}
+
+/// Below this many (query row × key) pairs in a layer the attention runs on the calling
+/// thread: waking the rayon pool costs more than it saves.
+const PAR_MIN_PAIRS: usize = 4096;
+
+/// Causal grouped-query attention of one layer over the paged host pool.
+///
+/// `q` is `(T, n_head · head_dim)` f32 after RoPE, rows in batch order (the rows of
+/// `seqs[0]`, then `seqs[1]`, ...). Query row `r` of a sequence sits at position
+/// `start_pos + r` and attends to that sequence's positions `0 ..= start_pos + r`
+/// (which [`KvBlockPool::write_host`] must already hold). Returns `(T, n_head ·
+/// head_dim)` f32.
+///
+/// Per query head: `s_j = (q · k_j) · scale`, `w = softmax(s)`, `y = Σ_j w_j v_j`, in
+/// ascending `j`. Every query row is computed by the same code whatever else is in the
+/// batch, so a sequence's output does not depend on its batch company, and a prompt
+/// prefilled in chunks gives the same values as one prefilled whole.
+///
+/// # Errors
+/// The pool is not a host pool.
+pub(super) fn attend_cpu(
+    pool: &KvBlockPool,
+    layer: usize,
+    seqs: &[ForwardSeq<'_>],
+    q: &[f32],
+    shape: AttnShape,
+) -> candle_core::Result<Vec<f32>> {
+    let Some((kc, vc)) = pool.host_layer(layer) else {
+        candle_core::bail!("layer {layer}: the CPU attention kernel needs a host KV pool");
+    };
+    let AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim: hd,
+        ..
+    } = shape;
+    let group = n_head / n_kv_head;
+    let row_width = n_head * hd;
+    let mut row0 = Vec::with_capacity(seqs.len());
+    let mut acc = 0;
+    for s in seqs {
+        row0.push(acc);
+        acc += s.tokens.len();
+    }
+    let total_rows = acc;
+    let work: Vec<(usize, usize)> = (0..seqs.len())
+        .flat_map(|i| (0..n_kv_head).map(move |g| (i, g)))
+        .collect();
+    let pairs: usize = seqs
+        .iter()
+        .map(|s| s.tokens.len() * (s.start_pos + s.tokens.len()))
+        .sum();
+    let run = |&(i, g): &(usize, usize)| -> Vec<f32> {
+        attend_group(pool, kc, vc, &seqs[i], g, &q[row0[i] * row_width..], shape)
+    };
+    let outs: Vec<Vec<f32>> = if pairs * n_kv_head >= PAR_MIN_PAIRS && work.len() > 1 {
+        work.par_iter().map(run).collect()
+    } else {
+        work.iter().map(run).collect()
+    };
+    let mut y = vec![0f32; total_rows * row_width];
+    for (&(i, g), out) in work.iter().zip(outs) {
+        let gw = group * hd;
+        for r in 0..seqs[i].tokens.len() {
+            let dst = (row0[i] + r) * row_width + g * gw;
+            y[dst..dst + gw].copy_from_slice(&out[r * gw..(r + 1) * gw]);
+        }
+    }
+    Ok(y)
+}
+
+/// Attention of the `group` query heads sharing KV head `g`, for every query row of
+/// `seq`. `q` starts at the sequence's first row. Returns `(rows, group · head_dim)`.
+///
+/// The arithmetic is llama.cpp's CPU flash-attention kernel for an f16 KV cache
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in ggml-cpu/ops.cpp, the path
+/// llama-server takes for decode and for prompts under 64 tokens): the query is
+/// rounded to f16; `s_j = (q · k_j) · scale` with the products summed in ggml's
+/// AVX-512 `ggml_vec_dot_f16` order ([`dot_f16_order`]); an online softmax (Rabe &
+/// Staats 2021, arXiv:2112.05682) keeps the running maximum `M`, the sum `S` and the
+/// weighted value sum in an f16 accumulator (`acc = f16(fma(v_j, e, acc))`, rescaled by
+/// `f16(acc · e^{M_old − M})` when the maximum grows); the output is `acc / S`.
+/// Matching its rounding keeps our greedy tokens on llama.cpp's path at near ties.
+fn attend_group(
+    pool: &KvBlockPool,
+    kc: &[f16],
+    vc: &[f16],
+    seq: &ForwardSeq<'_>,
+    g: usize,
+    q: &[f32],
+    shape: AttnShape,
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_kv_head;
+    let bs = pool.block_size;
+    let ctx = seq.start_pos + seq.tokens.len();
+    // This head's keys and values of positions 0..ctx, converted once to f32 (exact),
+    // (ctx, hd).
+    let mut keys = vec![0f32; ctx * hd];
+    let mut values = vec![0f32; ctx * hd];
+    for (bi, &block) in seq.block_table.iter().enumerate() {
+        let first = bi * bs;
+        if first >= ctx {
+            break;
+        }
+        let n = bs.min(ctx - first);
+        let src = ((block as usize * shape.n_kv_head + g) * bs) * hd;
+        kc[src..src + n * hd].convert_to_f32_slice(&mut keys[first * hd..(first + n) * hd]);
+        vc[src..src + n * hd].convert_to_f32_slice(&mut values[first * hd..(first + n) * hd]);
+    }
+    let rows = seq.tokens.len();
+    let row_width = shape.n_head * hd;
+    let mut out = vec![0f32; rows * group * hd];
+    let mut qh = vec![0f32; hd];
+    let simd = Simd::detect();
+    for r in 0..rows {
+        let n_keys = seq.start_pos + r + 1;
+        for hh in 0..group {
+            let h = g * group + hh;
+            let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
+            for (d, &x) in qh.iter_mut().zip(src) {
+                *d = f16::from_f32(x).to_f32();
+            }
+            let acc = &mut out[(r * group + hh) * hd..(r * group + hh + 1) * hd];
+            let mut m = f32::NEG_INFINITY;
+            let mut sum = 0f32;
+            for j in 0..n_keys {
+                let k = &keys[j * hd..(j + 1) * hd];
+                let v = &values[j * hd..(j + 1) * hd];
+                let s = simd.dot(&qh, k) * shape.scale;
+                let (ms, vs) = if s > m {
+                    let ms = (m - s).exp();
+                    m = s;
+                    simd.scale_f16(acc, ms);
+                    (ms, 1.0)
+                } else {
+                    (1.0, (s - m).exp())
+                };
+                simd.mad_f16(acc, v, vs);
+                sum = sum.mul_add(ms, vs);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for a in acc.iter_mut() {
+                *a *= inv;
+            }
+        }
+    }
+    out
+}
+
+/// The attention inner loops, with x86 AVX2/FMA/F16C when the CPU has them and a
+/// scalar path giving the same bits otherwise.
+#[derive(Debug, Clone, Copy)]
+enum Simd {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Simd {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Scalar
+    }
+
+    /// `Σ q_i k_i` in [`dot_f16_order`].
+    #[inline]
+    fn dot(self, q: &[f32], k: &[f32]) -> f32 {
+        match self {
+            Simd::Scalar => dot_f16_order(q, k),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked in `detect`).
+            Simd::Avx2 => unsafe { x86::dot(q, k) },
+        }
+    }
+
+    /// `acc_d = f16(acc_d · e)`.
+    #[inline]
+    fn scale_f16(self, acc: &mut [f32], e: f32) {
+        match self {
+            Simd::Scalar => {
+                for a in acc.iter_mut() {
+                    *a = f16::from_f32(*a * e).to_f32();
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Simd::Avx2 => unsafe { x86::scale_f16(acc, e) },
+        }
+    }
+
+    /// `acc_d = f16(fma(v_d, e, acc_d))`.
+    #[inline]
+    fn mad_f16(self, acc: &mut [f32], v: &[f32], e: f32) {
+        match self {
+            Simd::Scalar => {
+                for (a, &x) in acc.iter_mut().zip(v) {
+                    *a = f16::from_f32(x.mul_add(e, *a)).to_f32();
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Simd::Avx2 => unsafe { x86::mad_f16(acc, v, e) },
+        }
+    }
+}
+
+/// `Σ a_i b_i` in the order of ggml's `ggml_vec_dot_f16` built for AVX-512F
+/// (ggml-cpu/vec.cpp, simd-mappings.h): four 16-lane accumulators over each 64-element
+/// step (`acc = fma(a, b, acc)`), reduced as `(acc0 + acc2) + (acc1 + acc3)` lane-wise,
+/// then `_mm512_reduce_add_ps` (halves: 16 → 8 → 4 lanes, then `(l0 + l2) + (l1 + l3)`);
+/// a tail past the last multiple of 64 is added product by product in f64.
+fn dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n / 64 * 64;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, x) in accj.iter_mut().enumerate() {
+                let idx = i + j * 16 + l;
+                *x = a[idx].mul_add(b[idx], *x);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for (l, xl) in x.iter_mut().enumerate() {
+        *xl = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t3: [f32; 8] = std::array::from_fn(|i| x[8 + i] + x[i]);
+    let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
+    let mut sum = f64::from((t6[0] + t6[2]) + (t6[1] + t6[3]));
+    for i in np..n {
+        sum += f64::from(a[i] * b[i]);
+    }
+    sum as f32
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// [`super::dot_f16_order`] with AVX2 + FMA (a 16-lane accumulator is two `__m256`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let np = n / 64 * 64;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8]; // accumulator j = (acc[2j], acc[2j + 1])
+        let mut i = 0;
+        while i < np {
+            for (c, slot) in acc.iter_mut().enumerate() {
+                let off = i + c * 8;
+                *slot = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(off)),
+                    _mm256_loadu_ps(pb.add(off)),
+                    *slot,
+                );
+            }
+            i += 64;
+        }
+        // (acc0 + acc2) + (acc1 + acc3), per 8-lane half.
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let mut l = [0f32; 4];
+        _mm_storeu_ps(l.as_mut_ptr(), t6);
+        let mut sum = f64::from((l[0] + l[2]) + (l[1] + l[3]));
+        for j in np..n {
+            sum += f64::from(a[j] * b[j]);
+        }
+        sum as f32
+    }
+
+    /// `acc = f16(acc · e)` (round to nearest even), 8 lanes at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_f16(acc: &mut [f32], e: f32) {
+        let n8 = acc.len() / 8 * 8;
+        let ve = _mm256_set1_ps(e);
+        let p = acc.as_mut_ptr();
+        let mut i = 0;
+        while i < n8 {
+            let r = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), ve);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r);
+            _mm256_storeu_ps(p.add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for a in acc[n8..].iter_mut() {
+            *a = half::f16::from_f32(*a * e).to_f32();
+        }
+    }
+
+    /// `acc = f16(fma(v, e, acc))`, 8 lanes at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn mad_f16(acc: &mut [f32], v: &[f32], e: f32) {
+        let n = acc.len().min(v.len());
+        let n8 = n / 8 * 8;
+        let ve = _mm256_set1_ps(e);
+        let (p, pv) = (acc.as_mut_ptr(), v.as_ptr());
+        let mut i = 0;
+        while i < n8 {
+            let r = _mm256_fmadd_ps(_mm256_loadu_ps(pv.add(i)), ve, _mm256_loadu_ps(p.add(i)));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r);
+            _mm256_storeu_ps(p.add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for (a, &x) in acc[n8..n].iter_mut().zip(&v[n8..n]) {
+            *a = half::f16::from_f32(x.mul_add(e, *a)).to_f32();
+        }
+    }
+}
+
+/// The KV cache of a single sequence in a pool of its own that grows as needed: for
+/// tests, benchmarks and tools that run one sequence through [`super::LlamaModel::forward`].
+#[derive(Debug)]
+pub struct SoloKv {
+    pool: KvBlockPool,
+    table: Vec<u32>,
+    len: usize,
+}
+
+/// Block size of [`SoloKv`] pools, tokens.
+const SOLO_BLOCK_SIZE: usize = 16;
+
+impl SoloKv {
+    /// An empty cache for a model with `config` on `device`.
+    ///
+    /// # Errors
+    /// A device allocation error.
+    pub fn new(config: &LlamaConfig, device: &Device) -> candle_core::Result<Self> {
+        Ok(Self {
+            pool: KvBlockPool::new(config, SOLO_BLOCK_SIZE, 1, device)?,
+            table: Vec::new(),
+            len: 0,
+        })
+    }
+
+    /// Positions cached so far (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Makes room for `new` more tokens and returns the pool and the block table.
+    pub(super) fn reserve(
+        &mut self,
+        new: usize,
+    ) -> candle_core::Result<(&mut KvBlockPool, &[u32], usize)> {
+        let blocks = (self.len + new).div_ceil(SOLO_BLOCK_SIZE);
+        self.pool.grow(blocks.next_power_of_two())?;
+        while self.table.len() < blocks {
+            self.table.push(self.table.len() as u32);
+        }
+        Ok((&mut self.pool, &self.table, self.len))
+    }
+
+    /// Records that `n` tokens were appended.
+    pub(super) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f16::from_f32((x as f32 / u32::MAX as f32 - 0.5) * 4.0).to_f32()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_and_scalar_attention_loops_agree_bit_for_bit() {
+        let simd = Simd::detect();
+        for n in [64usize, 128, 80, 7] {
+            for seed in 1..50 {
+                let (a, b) = (rand_vec(n, seed), rand_vec(n, seed + 1000));
+                assert_eq!(
+                    simd.dot(&a, &b).to_bits(),
+                    dot_f16_order(&a, &b).to_bits(),
+                    "dot n={n} seed={seed}"
+                );
+                let mut x = rand_vec(n, seed + 7);
+                let mut y = x.clone();
+                simd.mad_f16(&mut x, &b, 0.37);
+                Simd::Scalar.mad_f16(&mut y, &b, 0.37);
+                assert_eq!(x, y, "mad n={n}");
+                simd.scale_f16(&mut x, 0.61);
+                Simd::Scalar.scale_f16(&mut y, 0.61);
+                assert_eq!(x, y, "scale n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn dot_order_is_ggml_avx512_tree() {
+        // Association matters here: 1e8 + 1 rounds to 1e8 in f32.
+        let mut a = vec![0f32; 64];
+        let b = vec![1f32; 64];
+        a[0] = 1e8; // lane 0 of accumulator 0
+        a[32] = 1.0; // lane 0 of accumulator 2
+        a[16] = -1e8; // lane 0 of accumulator 1
+                      // (acc0 + acc2) + (acc1 + acc3) = (1e8 + 1) + (-1e8) = 0; left to right it is 1.
+        assert_eq!(dot_f16_order(&a, &b), 0.0);
+        // Lanes 8..16 fold onto lanes 0..8 before lanes 4..8 fold onto 0..4.
+        let mut a = vec![0f32; 64];
+        a[0] = 1e8;
+        a[8] = 1.0;
+        a[4] = -1e8;
+        // (l8 + l0) + l4 = (1e8 + 1) - 1e8 = 0.
+        assert_eq!(dot_f16_order(&a, &b), 0.0);
+    }
+}
