@@ -334,6 +334,9 @@ pub(super) struct AttnShape {
 /// thread: waking the rayon pool costs more than it saves.
 const PAR_MIN_PAIRS: usize = 4096;
 
+/// Query rows per attention work item.
+const ROW_CHUNK: usize = 16;
+
 /// Causal grouped-query attention of one layer over the paged host pool.
 ///
 /// `q` is `(T, n_head · head_dim)` f32 after RoPE, rows in batch order (the rows of
@@ -374,15 +377,24 @@ pub(super) fn attend_cpu(
         acc += s.tokens.len();
     }
     let total_rows = acc;
-    let work: Vec<(usize, usize)> = (0..seqs.len())
-        .flat_map(|i| (0..n_kv_head).map(move |g| (i, g)))
+    // Work items: (sequence, KV head, first query row, end row); long prefill chunks are
+    // split by rows so both cores share them.
+    let work: Vec<(usize, usize, usize, usize)> = (0..seqs.len())
+        .flat_map(|i| {
+            let rows = seqs[i].tokens.len();
+            (0..n_kv_head).flat_map(move |g| {
+                (0..rows)
+                    .step_by(ROW_CHUNK)
+                    .map(move |r0| (i, g, r0, (r0 + ROW_CHUNK).min(rows)))
+            })
+        })
         .collect();
     let pairs: usize = seqs
         .iter()
         .map(|s| s.tokens.len() * (s.start_pos + s.tokens.len()))
         .sum();
-    let run = |&(i, g): &(usize, usize)| -> Vec<f32> {
-        attend_group(pool, kc, vc, &seqs[i], g, &q[row0[i] * row_width..], shape)
+    let run = |&(i, g, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
+        attend_group(pool, kc, vc, &seqs[i], g, r0..r1, &q[row0[i] * row_width..], shape)
     };
     let outs: Vec<Vec<f32>> = if pairs * n_kv_head >= PAR_MIN_PAIRS && work.len() > 1 {
         work.par_iter().map(run).collect()
@@ -390,18 +402,20 @@ pub(super) fn attend_cpu(
         work.iter().map(run).collect()
     };
     let mut y = vec![0f32; total_rows * row_width];
-    for (&(i, g), out) in work.iter().zip(outs) {
+    for (&(i, g, r0, r1), out) in work.iter().zip(outs) {
         let gw = group * hd;
-        for r in 0..seqs[i].tokens.len() {
+        for r in r0..r1 {
             let dst = (row0[i] + r) * row_width + g * gw;
-            y[dst..dst + gw].copy_from_slice(&out[r * gw..(r + 1) * gw]);
+            let src = (r - r0) * gw;
+            y[dst..dst + gw].copy_from_slice(&out[src..src + gw]);
         }
     }
     Ok(y)
 }
 
-/// Attention of the `group` query heads sharing KV head `g`, for every query row of
-/// `seq`. `q` starts at the sequence's first row. Returns `(rows, group · head_dim)`.
+/// Attention of the `group` query heads sharing KV head `g`, for query rows `rows` of
+/// `seq`. `q` starts at the sequence's first row. Returns `(rows.len(), group ·
+/// head_dim)`.
 ///
 /// The arithmetic is llama.cpp's CPU flash-attention kernel for an f16 KV cache
 /// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in ggml-cpu/ops.cpp, the path
@@ -418,13 +432,14 @@ fn attend_group(
     vc: &[f16],
     seq: &ForwardSeq<'_>,
     g: usize,
+    rows: std::ops::Range<usize>,
     q: &[f32],
     shape: AttnShape,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.n_head / shape.n_kv_head;
     let bs = pool.block_size;
-    let ctx = seq.start_pos + seq.tokens.len();
+    let ctx = seq.start_pos + rows.end;
     // This head's keys and values of positions 0..ctx, converted once to f32 (exact),
     // (ctx, hd).
     let mut keys = vec![0f32; ctx * hd];
@@ -439,20 +454,21 @@ fn attend_group(
         kc[src..src + n * hd].convert_to_f32_slice(&mut keys[first * hd..(first + n) * hd]);
         vc[src..src + n * hd].convert_to_f32_slice(&mut values[first * hd..(first + n) * hd]);
     }
-    let rows = seq.tokens.len();
     let row_width = shape.n_head * hd;
-    let mut out = vec![0f32; rows * group * hd];
+    let first = rows.start;
+    let mut out = vec![0f32; rows.len() * group * hd];
     let mut qh = vec![0f32; hd];
     let simd = Simd::detect();
-    for r in 0..rows {
+    for r in rows {
         let n_keys = seq.start_pos + r + 1;
+        let o = r - first;
         for hh in 0..group {
             let h = g * group + hh;
             let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
             for (d, &x) in qh.iter_mut().zip(src) {
                 *d = f16::from_f32(x).to_f32();
             }
-            let acc = &mut out[(r * group + hh) * hd..(r * group + hh + 1) * hd];
+            let acc = &mut out[(o * group + hh) * hd..(o * group + hh + 1) * hd];
             let mut m = f32::NEG_INFINITY;
             let mut sum = 0f32;
             for j in 0..n_keys {

@@ -18,12 +18,18 @@ pub fn select_device(spec: &str) -> Result<Device, String> {
     match spec {
         "cpu" => Ok(Device::Cpu),
         "auto" => {
+            // `cuda_is_available` says whether this build has CUDA, not whether a GPU is
+            // present: try device 0 and fall back to the CPU.
             if candle_core::utils::cuda_is_available() {
-                Device::new_cuda(0)
-                    .map_err(|e| format!("model.device = \"auto\": CUDA device 0: {e}"))
-            } else {
-                Ok(Device::Cpu)
+                match Device::new_cuda(0) {
+                    Ok(d) => return Ok(d),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "model.device = \"auto\": no usable CUDA device 0, using the CPU"
+                    ),
+                }
             }
+            Ok(Device::Cpu)
         }
         s => {
             let Some(n) = s.strip_prefix("cuda:") else {
