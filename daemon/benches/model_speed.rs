@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::Device;
-use inferd::model::{load_gguf, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use inferd::model::{load_gguf, KvBlockPool, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
+use inferd::request::SeqId;
 
 /// Sizes: prompt tokens, decoded tokens and repetitions (best of), each overridable by
 /// `INFERD_BENCH_PROMPT`, `INFERD_BENCH_DECODE`, `INFERD_BENCH_REPEATS` (for profiling).
@@ -69,6 +71,65 @@ struct Row {
     load_s: f64,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// (batch size, aggregate decode tokens/s) for batched decode steps.
+    batched: Vec<(usize, f64)>,
+}
+
+/// Batch sizes for the batched-decode measurement (`INFERD_BENCH_BATCH`, comma
+/// separated, default `1,4,16,64`) and decode steps per size (`INFERD_BENCH_BATCH_STEPS`,
+/// default 32).
+fn batch_sizes() -> (Vec<usize>, usize) {
+    let list = std::env::var("INFERD_BENCH_BATCH").unwrap_or_else(|_| "1,4,16,64".into());
+    let sizes = list
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    (sizes, size("INFERD_BENCH_BATCH_STEPS", 32))
+}
+
+/// `n` sequences with 32-token prompts prefilled together, then `steps` decode steps
+/// of all `n` in one forward pass each (the engine's continuous batching without the
+/// WebSocket). Returns aggregate decode tokens/s.
+fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
+    let block = 16;
+    let per_seq = (32 + steps).div_ceil(block);
+    let tables: Vec<Vec<u32>> = (0..n)
+        .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+        .collect();
+    let mut next: Vec<Vec<u32>> = (0..n)
+        .map(|i| {
+            (0..32u32)
+                .map(|t| 300 + (t * 37 + i as u32 * 101) % 20000)
+                .collect()
+        })
+        .collect();
+    let mut pos = vec![0usize; n];
+    let mut run_step = |next: &mut Vec<Vec<u32>>, pos: &mut Vec<usize>| {
+        let items = (0..n)
+            .map(|i| BatchItem {
+                seq: SeqId(i as u64),
+                tokens: next[i].clone(),
+                start_pos: pos[i],
+                block_table: tables[i].clone(),
+                want_logits: true,
+            })
+            .collect();
+        let out = runner.run(RunBatch { items });
+        for (i, item) in out.items.into_iter().enumerate() {
+            let logits = match item.logits {
+                Ok(Some(l)) => l,
+                other => panic!("forward failed: {other:?}"),
+            };
+            pos[i] += next[i].len();
+            next[i] = vec![argmax(&logits)];
+        }
+    };
+    run_step(&mut next, &mut pos);
+    let t = Instant::now();
+    for _ in 0..steps {
+        run_step(&mut next, &mut pos);
+    }
+    (n * steps) as f64 / t.elapsed().as_secs_f64()
 }
 
 fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
@@ -102,11 +163,23 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
         }
         best_decode = best_decode.min(t.elapsed().as_secs_f64());
     }
+    let (sizes, steps) = batch_sizes();
+    let max_n = sizes.iter().copied().max().unwrap_or(0);
+    let mut batched = Vec::new();
+    if max_n > 0 {
+        let blocks = max_n * (32 + steps).div_ceil(16);
+        let pool = KvBlockPool::new(model.config(), 16, blocks, model.device()).expect("pool");
+        let mut runner = ModelRunner::new(model, pool);
+        for &n in &sizes {
+            batched.push((n, batched_decode(&mut runner, n, steps)));
+        }
+    }
     Row {
         policy: name,
         load_s,
         prefill_tok_s: prompt_tokens as f64 / best_prefill,
         decode_tok_s: decode_tokens as f64 / best_decode,
+        batched,
     }
 }
 
@@ -144,6 +217,14 @@ fn main() {
             r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s
         );
     }
+    for r in &rows {
+        for (n, tok_s) in &r.batched {
+            println!(
+                "{:<28} batched decode, {n:>3} sequences: {tok_s:>8.1} tok/s aggregate",
+                r.policy
+            );
+        }
+    }
     if let Some(base) = rows.iter().find(|r| r.policy.starts_with("candle")) {
         for r in &rows {
             println!(
@@ -157,9 +238,14 @@ fn main() {
     let json: Vec<String> = rows
         .iter()
         .map(|r| {
+            let batched: Vec<String> = r
+                .batched
+                .iter()
+                .map(|(n, t)| format!("{{\"sequences\":{n},\"tok_s\":{t:.2}}}"))
+                .collect();
             format!(
-                "{{\"policy\":\"{}\",\"threads\":{threads},\"prompt_tokens\":{p},\"decode_tokens\":{d},\"load_s\":{:.3},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2}}}",
-                r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s
+                "{{\"policy\":\"{}\",\"threads\":{threads},\"prompt_tokens\":{p},\"decode_tokens\":{d},\"load_s\":{:.3},\"prefill_tok_s\":{:.2},\"decode_tok_s\":{:.2},\"batched_decode\":[{}]}}",
+                r.policy, r.load_s, r.prefill_tok_s, r.decode_tok_s, batched.join(",")
             )
         })
         .collect();

@@ -68,8 +68,8 @@ async fn requests_on_separate_connections_all_complete() {
 async fn a_long_prompt_is_prefilled_in_chunks_without_stalling_others() {
     // 64 tokens per step: a ~700-token prompt needs 11 engine steps before its first
     // token, while a short request admitted meanwhile decodes one token per step.
-    let daemon = Daemon::start_with_env(&[("INFERD__SCHEDULER__MAX_BATCH_TOKENS", "64")])
-        .expect("daemon");
+    let daemon =
+        Daemon::start_with_env(&[("INFERD__SCHEDULER__MAX_BATCH_TOKENS", "64")]).expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(70);
     c.send(&json!({"type":"generate","id":"long","prompt":long,"max_tokens":2,"temperature":0}))

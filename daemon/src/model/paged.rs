@@ -394,7 +394,16 @@ pub(super) fn attend_cpu(
         .map(|s| s.tokens.len() * (s.start_pos + s.tokens.len()))
         .sum();
     let run = |&(i, g, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
-        attend_group(pool, kc, vc, &seqs[i], g, r0..r1, &q[row0[i] * row_width..], shape)
+        attend_group(
+            pool,
+            kc,
+            vc,
+            &seqs[i],
+            g,
+            r0..r1,
+            &q[row0[i] * row_width..],
+            shape,
+        )
     };
     let outs: Vec<Vec<f32>> = if pairs * n_kv_head >= PAR_MIN_PAIRS && work.len() > 1 {
         work.par_iter().map(run).collect()
@@ -426,6 +435,7 @@ pub(super) fn attend_cpu(
 /// weighted value sum in an f16 accumulator (`acc = f16(fma(v_j, e, acc))`, rescaled by
 /// `f16(acc · e^{M_old − M})` when the maximum grows); the output is `acc / S`.
 /// Matching its rounding keeps our greedy tokens on llama.cpp's path at near ties.
+#[allow(clippy::too_many_arguments)]
 fn attend_group(
     pool: &KvBlockPool,
     kc: &[f16],

@@ -1,33 +1,28 @@
 //! Fast Q4_1 × Q8_1 matrix multiplication on the CPU, with ggml's numerics.
 //!
 //! candle 0.11's `QMatMul` runs Q4_1 weights through its portable (scalar) kernel on
-//! x86. This module does the same computation with an AVX2 kernel (runtime detected,
-//! scalar fallback elsewhere) and a rayon split over output rows:
+//! x86. This module does the computation with AVX2 kernels (runtime detected, scalar
+//! fallbacks giving the same bits elsewhere) and a rayon split over output rows. Each
+//! activation row is quantized per 32-value block to Q8_1, each output is a sum over
+//! blocks of `sumi · d4 · d8 + m4 · s8`, with `sumi` the exact integer dot product of
+//! the block's 32 nibbles with its 32 `i8`s.
 //!
-//! 1. each activation row is quantized per 32-value block to Q8_1 exactly like candle's
-//!    `BlockQ8_1::from_float` (`candle-core/src/quantized/k_quants.rs`, itself a port
-//!    of ggml's `quantize_row_q8_1_ref`): `d = amax / 127` stored as f16,
-//!    `q = round(x / d)` (half away from zero), `s = f16(sum q) * f16(d)` stored as f16;
-//! 2. each output is `Σ_blocks sumi · d4 · d8 + m4 · s8`, with `sumi` the exact integer
-//!    dot product of the 32 nibbles with the 32 `i8`s, as in ggml's
-//!    `ggml_vec_dot_q4_1_q8_1` (`ggml/src/ggml-cpu/arch/x86/quants.c`) and candle's
-//!    `BlockQ4_1::vec_dot`.
+//! Two orders of the float operations are implemented:
 //!
-//! Both kernels give exactly candle's bits. The integer `sumi` is order independent and
-//! computed with SIMD; the float part follows candle's portable `vec_dot` expression
-//! and order: `sumf = 0; for b in blocks { sumf += sumi_b as f32 * d4_b * d8_b +
-//! m4_b * s8_b }`, i.e. `((sumi · d4) · d8) + (m4 · s8)` with a separate rounding for
-//! every operation (no FMA), then a sequential sum in block order. The AVX2 kernel
-//! computes the per-block terms for 8 blocks at once in vector lanes (identical IEEE
-//! results) and only the final chain of additions is scalar. ggml's AVX2 path instead
-//! sums in eight lanes with FMA; we do not, because greedy decoding of the real model is
-//! chaotic in the f32 summation order (f16 KV cache and per-layer Q8_1 re-quantization
-//! amplify 1e-6 differences into flipped near-tie tokens), and this order reproduces
-//! llama.cpp's reference tokens best (`model_runner::parity`) while being
-//! deterministic and testable bit for bit against the scalar kernel.
+//! - **ggml's** ([`ggml`]; what [`Q4_1Matrix::forward`] runs): `quantize_row_q8_1` and
+//!   `ggml_vec_dot_q4_1_q8_1` of `ggml/src/ggml-cpu/arch/x86/quants.c` as llama.cpp runs
+//!   them on AVX2/AVX-512 CPUs, eight f32 lanes with FMA. Its lanes are independent, so
+//!   the kernel keeps four activation rows' accumulators in registers and unpacks each
+//!   weight block once for them, which is what makes batched decode cheap.
+//! - **candle's** (the `Scalar`/`Avx2` kernels): candle's `BlockQ8_1::from_float` and
+//!   `BlockQ4_1::vec_dot`, a sequential sum in block order without FMA; bit-exact with
+//!   candle's `QMatMul` (tested), kept as the reference the tests tie our kernels to.
 //!
-//! ggml's own Q8_1 quantizer differs from candle's in the last f16 bit of `s`
-//! (it stores `f16(sum · d)` with the f32 `d`); this module follows candle.
+//! Greedy decoding of the real model is chaotic in the f32 summation order (the f16 KV
+//! cache and per-layer Q8_1 re-quantization amplify 1e-6 differences into flipped
+//! near-tie tokens), so following llama.cpp's order keeps our tokens on its path longer
+//! (`model_runner::parity_tests`); every kernel is deterministic and row-independent,
+//! so a sequence's output never depends on its batch company.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
@@ -93,26 +88,34 @@ struct Q8_1Rows {
     s: Vec<f32>,
 }
 
-/// Which dot-product kernel to run.
+/// Which dot-product kernel to run. The candle-order kernels are the bit-exact
+/// reference against candle's `QMatMul` (tests); serving uses ggml's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
 enum Kernel {
     /// Portable code, candle's `vec_dot` order of operations.
     Scalar,
     /// AVX2 (x86_64, runtime detected); bit-identical to `Scalar`.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// Portable code, ggml's x86 order of operations (see [`ggml`]).
+    GgmlScalar,
+    /// AVX2 + FMA, ggml's order; bit-identical to `GgmlScalar`.
+    #[cfg(target_arch = "x86_64")]
+    GgmlAvx2,
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU supports.
+    /// The fastest kernel this CPU supports, in ggml's order (what [`Q4_1Matrix::forward`]
+    /// runs).
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") {
-                return Kernel::Avx2;
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Kernel::GgmlAvx2;
             }
         }
-        Kernel::Scalar
+        Kernel::GgmlScalar
     }
 }
 
@@ -267,6 +270,29 @@ impl Q4_1Matrix {
             // SAFETY: `Kernel::Avx2` is only chosen after `is_x86_feature_detected!`
             // reported AVX2 (see `Kernel::detect` and the tests).
             Kernel::Avx2 => unsafe { avx2::rows_range(self, act, r0, out) },
+            Kernel::GgmlScalar => self.rows_range_ggml_scalar(act, r0, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
+            Kernel::GgmlAvx2 => unsafe { ggml_avx2::rows_range(self, act, r0, out) },
+        }
+    }
+
+    fn rows_range_ggml_scalar(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+        let m = act.rows;
+        let nb = self.nb;
+        for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+            let w = (r0 + i) * nb..(r0 + i + 1) * nb;
+            for (a, y) in out_row.iter_mut().enumerate() {
+                let x = a * nb..(a + 1) * nb;
+                *y = ggml::vec_dot(
+                    &self.qs[w.clone()],
+                    &self.d[w.clone()],
+                    &self.m[w.clone()],
+                    &act.qs[x.clone()],
+                    &act.d[x.clone()],
+                    &act.s[x],
+                );
+            }
         }
     }
 
@@ -379,6 +405,10 @@ fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], ker
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Kernel::Avx2` is only chosen after AVX2 was detected.
         Kernel::Avx2 => unsafe { avx2::quantize_row(x, q, d, s) },
+        Kernel::GgmlScalar => ggml::quantize_row(x, q, d, s),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
+        Kernel::GgmlAvx2 => unsafe { ggml_avx2::quantize_row(x, q, d, s) },
     }
 }
 
@@ -472,6 +502,189 @@ fn f32_to_f16_bits(v: f32) -> u16 {
         (h + 1) as u16
     } else {
         h as u16
+    }
+}
+
+/// ggml's x86 numerics (`ggml/src/ggml-cpu/arch/x86/quants.c`, as llama.cpp runs Q4_1 on
+/// AVX2 / AVX-512 CPUs), the default order of [`Q4_1Matrix`]:
+///
+/// - `quantize_row_q8_1`: `d = amax / 127` (stored as f16), `q = round_half_even(x ·
+///   (127 / amax))`, `s = f16(d · Σq)` with the f32 `d`;
+/// - `ggml_vec_dot_q4_1_q8_1`: per block, the eight 4-value integer dot products of the
+///   32 nibbles with the 32 quants (exact, as `maddubs`+`madd` or `dpbusd` give them)
+///   are accumulated in eight f32 lanes with `acc = fma(d4 · d8, xy, acc)`; beside it
+///   `summs = fma(m4, s8, summs)` (GCC contracts `summs += m * s`); the result is
+///   `hsum_float_8(acc) + summs`, `hsum_float_8` adding lanes `(4..8) + (0..4)`, then
+///   `(l0 + l2) + (l1 + l3)`.
+///
+/// Every operation rounds the same in the scalar and the AVX2 code, which the tests
+/// check bit for bit; the eight independent lanes (instead of one sequential sum) are
+/// what lets the kernel run at the speed of the integer dot products.
+mod ggml {
+    use super::{f16_bits_to_f32, f32_to_f16_bits, Nibbles, Q8Quants, QK};
+
+    /// [`super::quantize_row_body`]'s counterpart in ggml's numerics.
+    #[inline(always)]
+    pub(super) fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
+        for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(q).zip(d).zip(s) {
+            let mut lanes = [0f32; 8];
+            for c in xb.chunks_exact(8) {
+                for (l, &v) in lanes.iter_mut().zip(c) {
+                    *l = l.max(v.abs());
+                }
+            }
+            let amax = lanes.iter().fold(0f32, |acc, &v| acc.max(v));
+            let dd = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (qv, &xv) in qb.0.iter_mut().zip(xb) {
+                *qv = ((xv * id).round_ties_even() as i32).clamp(-128, 127) as i8;
+                sum += i32::from(*qv);
+            }
+            *db = f16_bits_to_f32(f32_to_f16_bits(dd));
+            *sb = f16_bits_to_f32(f32_to_f16_bits(dd * sum as f32));
+        }
+    }
+
+    /// The eight 4-value integer dot products of one block: lane `l` is
+    /// `Σ_{i=4l}^{4l+3} nibble_i · q_i` (nibble `i < 16` is the low half of byte `i`,
+    /// nibble `i ≥ 16` the high half of byte `i − 16`).
+    #[inline(always)]
+    fn lane_dots(w: &Nibbles, a: &Q8Quants) -> [i32; 8] {
+        let mut out = [0i32; 8];
+        for (l, o) in out.iter_mut().enumerate() {
+            for i in 4 * l..4 * l + 4 {
+                let nib = if i < 16 {
+                    w.0[i] & 0x0f
+                } else {
+                    w.0[i - 16] >> 4
+                };
+                *o += i32::from(nib) * i32::from(a.0[i]);
+            }
+        }
+        out
+    }
+
+    /// `hsum_float_8(acc) + summs`.
+    #[inline(always)]
+    pub(super) fn finish(acc: [f32; 8], summs: f32) -> f32 {
+        let r: [f32; 4] = std::array::from_fn(|i| acc[4 + i] + acc[i]);
+        ((r[0] + r[2]) + (r[1] + r[3])) + summs
+    }
+
+    /// One output in ggml's order (portable reference for the AVX2 kernel).
+    pub(super) fn vec_dot(
+        wq: &[Nibbles],
+        wd: &[f32],
+        wm: &[f32],
+        xq: &[Q8Quants],
+        xd: &[f32],
+        xs: &[f32],
+    ) -> f32 {
+        let mut acc = [0f32; 8];
+        let mut summs = 0f32;
+        for b in 0..wq.len() {
+            summs = wm[b].mul_add(xs[b], summs);
+            let d0d1 = wd[b] * xd[b];
+            for (a, xy) in acc.iter_mut().zip(lane_dots(&wq[b], &xq[b])) {
+                *a = d0d1.mul_add(xy as f32, *a);
+            }
+        }
+        finish(acc, summs)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod ggml_avx2 {
+    //! The ggml-order kernel with AVX2 + FMA. Callers check both with
+    //! `is_x86_feature_detected!` first.
+
+    use super::{Q4_1Matrix, Q8_1Rows, QK};
+    use std::arch::x86_64::*;
+
+    /// See [`super::ggml::quantize_row`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_row(
+        x: &[f32],
+        q: &mut [super::Q8Quants],
+        d: &mut [f32],
+        s: &mut [f32],
+    ) {
+        super::ggml::quantize_row(x, q, d, s);
+    }
+
+    /// Weight rows `r0 .. r0 + out.len() / m` against every activation row into
+    /// `out[(r - r0) * m + a]`, in ggml's order. Activation rows go in tiles of 4, 2 and
+    /// 1 whose accumulators stay in the 16 AVX2 registers (a tile of 8 spills); each
+    /// weight block is unpacked once per tile.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `out.len()` a multiple of `act.rows` and the
+    /// rows in range (slice indexing panics otherwise, it cannot read out of bounds).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_range(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+        let m = act.rows;
+        for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+            let r = r0 + i;
+            let mut a0 = 0;
+            while a0 + 4 <= m {
+                out_row[a0..a0 + 4].copy_from_slice(&tile::<4>(w, r, act, a0));
+                a0 += 4;
+            }
+            if m - a0 >= 2 {
+                out_row[a0..a0 + 2].copy_from_slice(&tile::<2>(w, r, act, a0));
+                a0 += 2;
+            }
+            if m - a0 >= 1 {
+                out_row[a0..a0 + 1].copy_from_slice(&tile::<1>(w, r, act, a0));
+            }
+        }
+    }
+
+    /// Weight row `r` against activation rows `a0 .. a0 + A`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const A: usize>(
+        w: &Q4_1Matrix,
+        r: usize,
+        act: &Q8_1Rows,
+        a0: usize,
+    ) -> [f32; A] {
+        let nb = w.nb;
+        let low = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let wq = &w.qs[r * nb..(r + 1) * nb];
+        let wd = &w.d[r * nb..(r + 1) * nb];
+        let wm = &w.m[r * nb..(r + 1) * nb];
+        let xq = &act.qs[a0 * nb..(a0 + A) * nb];
+        let xd = &act.d[a0 * nb..(a0 + A) * nb];
+        let xs = &act.s[a0 * nb..(a0 + A) * nb];
+        let mut acc = [_mm256_setzero_ps(); A];
+        let mut summs = [0f32; A];
+        for b in 0..nb {
+            let raw = _mm_loadu_si128(wq[b].0.as_ptr().cast());
+            let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
+            let (d0, m0) = (wd[b], wm[b]);
+            for t in 0..A {
+                let x = t * nb + b;
+                summs[t] = m0.mul_add(xs[x], summs[t]);
+                let d0d1 = _mm256_set1_ps(d0 * xd[x]);
+                let qy = _mm256_load_si256(xq[x].0.as_ptr().cast());
+                let xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones));
+                acc[t] = _mm256_fmadd_ps(d0d1, xy, acc[t]);
+            }
+        }
+        let mut out = [0f32; A];
+        for t in 0..A {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            out[t] = super::ggml::finish(lanes, summs[t]);
+        }
+        let _ = QK;
+        out
     }
 }
 
@@ -821,9 +1034,20 @@ mod tests {
         }
     }
 
+    /// The candle-order kernels this CPU runs (bit-exact with candle).
     fn kernels() -> Vec<Kernel> {
         let mut k = vec![Kernel::Scalar];
-        if Kernel::detect() != Kernel::Scalar {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            k.push(Kernel::Avx2);
+        }
+        k
+    }
+
+    /// The ggml-order kernels this CPU runs (the serving default).
+    fn ggml_kernels() -> Vec<Kernel> {
+        let mut k = vec![Kernel::GgmlScalar];
+        if Kernel::detect() != Kernel::GgmlScalar {
             k.push(Kernel::detect());
         }
         k
@@ -848,10 +1072,12 @@ mod tests {
                 let x = random((m, k), 100 + m as u64 + 7 * si as u64);
                 let want = candle.forward(&x).unwrap();
                 let reference = x.matmul(&wdq.t().unwrap()).unwrap();
-                for kernel in kernels() {
+                for kernel in kernels().into_iter().chain(ggml_kernels()) {
                     let got = ours.forward_with(&x, kernel).unwrap();
                     assert_eq!(got.dims(), &[m, n]);
-                    assert_same_bits(&got, &want, &format!("({n},{k}) m={m} {kernel:?}"));
+                    if kernels().contains(&kernel) {
+                        assert_same_bits(&got, &want, &format!("({n},{k}) m={m} {kernel:?}"));
+                    }
                     // Against the f32 product with the dequantized weights, the only
                     // error is the Q8_1 rounding of x: |Δx_i| ≤ d8/2 per value (plus
                     // the f16 rounding of d8 and s), so |Δy| ≤ Σ_b (d8_b/2 + 2⁻¹¹·amax_b)
@@ -892,14 +1118,14 @@ mod tests {
         let ours = Q4_1Matrix::from_qtensor(&qt).unwrap();
         let candle = QMatMul::from_qtensor(qt).unwrap();
         let x = random((6, k), 9).reshape((2, 3, k)).unwrap();
-        let got = ours.forward(&x).unwrap();
+        let got = ours.forward_with(&x, Kernel::Scalar).unwrap();
         assert_eq!(got.dims(), &[2, 3, n]);
         let want = candle.forward(&x).unwrap();
         assert_same_bits(&got, &want, "batched");
         // A transposed (non-contiguous) input is made contiguous first.
         let xt = random((k, 5), 11).t().unwrap();
         assert!(!xt.is_contiguous());
-        let got = ours.forward(&xt).unwrap();
+        let got = ours.forward_with(&xt, Kernel::Scalar).unwrap();
         let want = candle.forward(&xt.contiguous().unwrap()).unwrap();
         assert_same_bits(&got, &want, "transposed");
         // 1-D input: a single row.
@@ -929,13 +1155,15 @@ mod tests {
             let ours = Q4_1Matrix::from_qtensor(&qt).unwrap();
             for m in [1usize, 2, 5, 70, 131] {
                 let x = random((m, k), 30 + m as u64);
-                let scalar = ours.forward_with(&x, Kernel::Scalar).unwrap();
                 let what = format!("({n},{k}) m={m}");
-                assert_same_bits(&ours.forward(&x).unwrap(), &scalar, &what);
-                #[cfg(target_arch = "x86_64")]
-                if Kernel::detect() == Kernel::Avx2 {
-                    let avx = ours.forward_with(&x, Kernel::Avx2).unwrap();
-                    assert_same_bits(&avx, &scalar, &what);
+                let scalar = ours.forward_with(&x, Kernel::Scalar).unwrap();
+                for kernel in kernels() {
+                    assert_same_bits(&ours.forward_with(&x, kernel).unwrap(), &scalar, &what);
+                }
+                let ggml = ours.forward_with(&x, Kernel::GgmlScalar).unwrap();
+                assert_same_bits(&ours.forward(&x).unwrap(), &ggml, &what);
+                for kernel in ggml_kernels() {
+                    assert_same_bits(&ours.forward_with(&x, kernel).unwrap(), &ggml, &what);
                 }
             }
         }
@@ -961,15 +1189,30 @@ mod tests {
                 _ => {}
             }
         }
-        let want = quantize_q8_1(&xs, rows, k, Kernel::Scalar);
-        for kernel in kernels() {
-            let got = quantize_q8_1(&xs, rows, k, kernel);
-            for b in 0..rows * k / QK {
-                assert_eq!(got.d[b].to_bits(), want.d[b].to_bits(), "d {b}");
-                assert_eq!(got.s[b].to_bits(), want.s[b].to_bits(), "s {b}");
-                assert_eq!(got.qs[b].0, want.qs[b].0, "q {b}");
+        for (reference, family) in [
+            (Kernel::Scalar, kernels()),
+            (Kernel::GgmlScalar, ggml_kernels()),
+        ] {
+            let want = quantize_q8_1(&xs, rows, k, reference);
+            for kernel in family {
+                let got = quantize_q8_1(&xs, rows, k, kernel);
+                for b in 0..rows * k / QK {
+                    assert_eq!(got.d[b].to_bits(), want.d[b].to_bits(), "d {b}");
+                    assert_eq!(got.s[b].to_bits(), want.s[b].to_bits(), "s {b}");
+                    assert_eq!(got.qs[b].0, want.qs[b].0, "q {b}");
+                }
             }
         }
+        // ggml rounds x · (127 / amax) half to even: 0.5 → 0, -2.5 → -2 when the block's
+        // amax is 127 (candle rounds half away from zero: 1 and -3).
+        let mut x = vec![0f32; QK];
+        x[0] = 127.0;
+        x[1] = 0.5;
+        x[2] = -2.5;
+        let g = quantize_q8_1(&x, 1, QK, Kernel::GgmlScalar);
+        let c = quantize_q8_1(&x, 1, QK, Kernel::Scalar);
+        assert_eq!((g.qs[0].0[1], g.qs[0].0[2]), (0, -2));
+        assert_eq!((c.qs[0].0[1], c.qs[0].0[2]), (1, -3));
     }
 
     #[test]

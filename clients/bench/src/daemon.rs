@@ -1,0 +1,172 @@
+//! Starting the inferd daemon as a child process and reading its memory use.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The line prefix the daemon prints on stdout once it listens.
+const READY_PREFIX: &str = "inferd: listening on ";
+
+/// How to start the daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonSpec {
+    /// The `inferd` binary.
+    pub bin: PathBuf,
+    /// Working directory (the repository root).
+    pub root: PathBuf,
+    /// `--config` file.
+    pub config: PathBuf,
+    /// `--model` file.
+    pub model: PathBuf,
+    /// Environment overrides (`INFERD__MODEL__THREADS` and the `--env` pairs).
+    pub env: Vec<(String, String)>,
+    /// Where the daemon's stderr (its log) goes.
+    pub log: PathBuf,
+    /// How long to wait for the ready line.
+    pub startup_timeout: Duration,
+}
+
+/// A running daemon; killed when dropped.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Child,
+    /// WebSocket URL parsed from the ready line.
+    pub url: String,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon on `127.0.0.1:0` and waits for its ready line.
+    pub fn start(spec: &DaemonSpec) -> Result<Self> {
+        if !spec.bin.is_file() {
+            bail!(
+                "daemon binary {} not found (build it with `cargo build --release -p inferd` \
+                 or pass --bin)",
+                spec.bin.display()
+            );
+        }
+        let log = File::create(&spec.log)
+            .with_context(|| format!("cannot create {}", spec.log.display()))?;
+        let mut command = Command::new(&spec.bin);
+        command
+            .current_dir(&spec.root)
+            .arg("serve")
+            .arg("--config")
+            .arg(&spec.config)
+            .arg("--model")
+            .arg(&spec.model)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        for (key, value) in &spec.env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", spec.bin.display()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("daemon stdout was not captured"))?;
+        // Read stdout on a thread for the daemon's whole life, so it never blocks on a
+        // full pipe; the first ready line is handed over.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.trim().strip_prefix(READY_PREFIX) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(rest.trim().to_owned());
+                    }
+                }
+            }
+        });
+        let mut daemon = Daemon {
+            child,
+            url: String::new(),
+            log: spec.log.clone(),
+        };
+        match rx.recv_timeout(spec.startup_timeout) {
+            Ok(url) => {
+                daemon.url = url;
+                Ok(daemon)
+            }
+            Err(_) => {
+                let status = daemon.child.try_wait().ok().flatten();
+                let why = match status {
+                    Some(status) => format!("the daemon exited ({status})"),
+                    None => format!("no ready line within {} s", spec.startup_timeout.as_secs()),
+                };
+                bail!("{why}; log tail:\n{}", log_tail(&daemon.log, 20))
+            }
+        }
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident set size (VmHWM) in bytes.
+    pub fn peak_rss_bytes(&self) -> Result<u64> {
+        proc_status_kib(self.pid(), "VmHWM:").map(|kib| kib * 1024)
+    }
+
+    /// Fails with the log tail when the daemon has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the daemon exited ({status}); log tail:\n{}",
+                log_tail(&self.log, 20)
+            );
+        }
+        Ok(())
+    }
+
+    /// Kills the daemon and waits for it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Reads a `kB` field such as `VmHWM:` from `/proc/PID/status`.
+pub fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .ok_or_else(|| anyhow!("{path} has no {field} line"))?;
+    line[field.len()..]
+        .split_whitespace()
+        .next()
+        .ok_or_else(|| anyhow!("empty {field} line in {path}"))?
+        .parse()
+        .with_context(|| format!("bad {field} line in {path}: {line}"))
+}
+
+/// The last `n` lines of a log file (or a note that it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
