@@ -364,11 +364,10 @@ pub(super) fn attend_cpu(
     };
     let AttnShape {
         n_head,
-        n_kv_head,
+        n_kv_head: _,
         head_dim: hd,
         ..
     } = shape;
-    let group = n_head / n_kv_head;
     let row_width = n_head * hd;
     let mut row0 = Vec::with_capacity(seqs.len());
     let mut acc = 0;
@@ -377,15 +376,15 @@ pub(super) fn attend_cpu(
         acc += s.tokens.len();
     }
     let total_rows = acc;
-    // Work items: (sequence, KV head, first query row, end row); long prefill chunks are
-    // split by rows so both cores share them.
+    // Work items: (sequence, query head, first query row, end row); long prefill chunks
+    // are split by rows so both cores share them.
     let work: Vec<(usize, usize, usize, usize)> = (0..seqs.len())
         .flat_map(|i| {
             let rows = seqs[i].tokens.len();
-            (0..n_kv_head).flat_map(move |g| {
+            (0..n_head).flat_map(move |h| {
                 (0..rows)
                     .step_by(ROW_CHUNK)
-                    .map(move |r0| (i, g, r0, (r0 + ROW_CHUNK).min(rows)))
+                    .map(move |r0| (i, h, r0, (r0 + ROW_CHUNK).min(rows)))
             })
         })
         .collect();
@@ -393,38 +392,37 @@ pub(super) fn attend_cpu(
         .iter()
         .map(|s| s.tokens.len() * (s.start_pos + s.tokens.len()))
         .sum();
-    let run = |&(i, g, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
-        attend_group(
+    let run = |&(i, h, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
+        attend_head(
             pool,
             kc,
             vc,
             &seqs[i],
-            g,
+            h,
             r0..r1,
             &q[row0[i] * row_width..],
             shape,
         )
     };
-    let outs: Vec<Vec<f32>> = if pairs * n_kv_head >= PAR_MIN_PAIRS && work.len() > 1 {
+    let outs: Vec<Vec<f32>> = if pairs * n_head >= PAR_MIN_PAIRS && work.len() > 1 {
         work.par_iter().map(run).collect()
     } else {
         work.iter().map(run).collect()
     };
     let mut y = vec![0f32; total_rows * row_width];
-    for (&(i, g, r0, r1), out) in work.iter().zip(outs) {
-        let gw = group * hd;
+    for (&(i, h, r0, r1), out) in work.iter().zip(outs) {
         for r in r0..r1 {
-            let dst = (row0[i] + r) * row_width + g * gw;
-            let src = (r - r0) * gw;
-            y[dst..dst + gw].copy_from_slice(&out[src..src + gw]);
+            let dst = (row0[i] + r) * row_width + h * hd;
+            let src = (r - r0) * hd;
+            y[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
         }
     }
     Ok(y)
 }
 
-/// Attention of the `group` query heads sharing KV head `g`, for query rows `rows` of
-/// `seq`. `q` starts at the sequence's first row. Returns `(rows.len(), group ·
-/// head_dim)`.
+/// Attention of query head `h` for query rows `rows` of `seq`, reading K and V (f16)
+/// straight from the sequence's blocks. `q` starts at the sequence's first row.
+/// Returns `(rows.len(), head_dim)`.
 ///
 /// The arithmetic is llama.cpp's CPU flash-attention kernel for an f16 KV cache
 /// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in ggml-cpu/ops.cpp, the path
@@ -436,70 +434,53 @@ pub(super) fn attend_cpu(
 /// `f16(acc · e^{M_old − M})` when the maximum grows); the output is `acc / S`.
 /// Matching its rounding keeps our greedy tokens on llama.cpp's path at near ties.
 #[allow(clippy::too_many_arguments)]
-fn attend_group(
+fn attend_head(
     pool: &KvBlockPool,
     kc: &[f16],
     vc: &[f16],
     seq: &ForwardSeq<'_>,
-    g: usize,
+    h: usize,
     rows: std::ops::Range<usize>,
     q: &[f32],
     shape: AttnShape,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_kv_head;
+    let g = h / (shape.n_head / shape.n_kv_head);
     let bs = pool.block_size;
-    let ctx = seq.start_pos + rows.end;
-    // This head's keys and values of positions 0..ctx, converted once to f32 (exact),
-    // (ctx, hd).
-    let mut keys = vec![0f32; ctx * hd];
-    let mut values = vec![0f32; ctx * hd];
-    for (bi, &block) in seq.block_table.iter().enumerate() {
-        let first = bi * bs;
-        if first >= ctx {
-            break;
-        }
-        let n = bs.min(ctx - first);
-        let src = ((block as usize * shape.n_kv_head + g) * bs) * hd;
-        kc[src..src + n * hd].convert_to_f32_slice(&mut keys[first * hd..(first + n) * hd]);
-        vc[src..src + n * hd].convert_to_f32_slice(&mut values[first * hd..(first + n) * hd]);
-    }
     let row_width = shape.n_head * hd;
     let first = rows.start;
-    let mut out = vec![0f32; rows.len() * group * hd];
+    let mut out = vec![0f32; rows.len() * hd];
     let mut qh = vec![0f32; hd];
     let simd = Simd::detect();
+    // Offset of key/value `j` of this KV head in the layer's arrays.
+    let at =
+        |j: usize| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd;
     for r in rows {
         let n_keys = seq.start_pos + r + 1;
-        let o = r - first;
-        for hh in 0..group {
-            let h = g * group + hh;
-            let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
-            for (d, &x) in qh.iter_mut().zip(src) {
-                *d = f16::from_f32(x).to_f32();
-            }
-            let acc = &mut out[(o * group + hh) * hd..(o * group + hh + 1) * hd];
-            let mut m = f32::NEG_INFINITY;
-            let mut sum = 0f32;
-            for j in 0..n_keys {
-                let k = &keys[j * hd..(j + 1) * hd];
-                let v = &values[j * hd..(j + 1) * hd];
-                let s = simd.dot(&qh, k) * shape.scale;
-                let (ms, vs) = if s > m {
-                    let ms = (m - s).exp();
-                    m = s;
-                    simd.scale_f16(acc, ms);
-                    (ms, 1.0)
-                } else {
-                    (1.0, (s - m).exp())
-                };
-                simd.mad_f16(acc, v, vs);
-                sum = sum.mul_add(ms, vs);
-            }
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            for a in acc.iter_mut() {
-                *a *= inv;
-            }
+        let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
+        for (d, &x) in qh.iter_mut().zip(src) {
+            *d = f16::from_f32(x).to_f32();
+        }
+        let acc = &mut out[(r - first) * hd..(r - first + 1) * hd];
+        let mut m = f32::NEG_INFINITY;
+        let mut sum = 0f32;
+        for j in 0..n_keys {
+            let o = at(j);
+            let s = simd.dot(&qh, &kc[o..o + hd]) * shape.scale;
+            let (ms, vs) = if s > m {
+                let ms = (m - s).exp();
+                m = s;
+                simd.scale_f16(acc, ms);
+                (ms, 1.0)
+            } else {
+                (1.0, (s - m).exp())
+            };
+            simd.mad_f16(acc, &vc[o..o + hd], vs);
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for a in acc.iter_mut() {
+            *a *= inv;
         }
     }
     out
@@ -530,9 +511,12 @@ impl Simd {
 
     /// `Σ q_i k_i` in [`dot_f16_order`].
     #[inline]
-    fn dot(self, q: &[f32], k: &[f32]) -> f32 {
+    fn dot(self, q: &[f32], k: &[f16]) -> f32 {
         match self {
-            Simd::Scalar => dot_f16_order(q, k),
+            Simd::Scalar => {
+                let k: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+                dot_f16_order(q, &k)
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU has AVX2, FMA and F16C (checked in `detect`).
             Simd::Avx2 => unsafe { x86::dot(q, k) },
@@ -556,11 +540,11 @@ impl Simd {
 
     /// `acc_d = f16(fma(v_d, e, acc_d))`.
     #[inline]
-    fn mad_f16(self, acc: &mut [f32], v: &[f32], e: f32) {
+    fn mad_f16(self, acc: &mut [f32], v: &[f16], e: f32) {
         match self {
             Simd::Scalar => {
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a = f16::from_f32(x.mul_add(e, *a)).to_f32();
+                for (a, x) in acc.iter_mut().zip(v) {
+                    *a = f16::from_f32(x.to_f32().mul_add(e, *a)).to_f32();
                 }
             }
             #[cfg(target_arch = "x86_64")]
@@ -604,9 +588,10 @@ fn dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// [`super::dot_f16_order`] with AVX2 + FMA (a 16-lane accumulator is two `__m256`).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    /// [`super::dot_f16_order`] with AVX2 + FMA + F16C (a 16-lane accumulator is two
+    /// `__m256`; `b` is converted from f16 on load, exactly).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[half::f16]) -> f32 {
         let n = a.len().min(b.len());
         let np = n / 64 * 64;
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -617,7 +602,7 @@ mod x86 {
                 let off = i + c * 8;
                 *slot = _mm256_fmadd_ps(
                     _mm256_loadu_ps(pa.add(off)),
-                    _mm256_loadu_ps(pb.add(off)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(pb.add(off).cast())),
                     *slot,
                 );
             }
@@ -632,7 +617,7 @@ mod x86 {
         _mm_storeu_ps(l.as_mut_ptr(), t6);
         let mut sum = f64::from((l[0] + l[2]) + (l[1] + l[3]));
         for j in np..n {
-            sum += f64::from(a[j] * b[j]);
+            sum += f64::from(a[j] * b[j].to_f32());
         }
         sum as f32
     }
@@ -657,20 +642,24 @@ mod x86 {
 
     /// `acc = f16(fma(v, e, acc))`, 8 lanes at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn mad_f16(acc: &mut [f32], v: &[f32], e: f32) {
+    pub(super) unsafe fn mad_f16(acc: &mut [f32], v: &[half::f16], e: f32) {
         let n = acc.len().min(v.len());
         let n8 = n / 8 * 8;
         let ve = _mm256_set1_ps(e);
         let (p, pv) = (acc.as_mut_ptr(), v.as_ptr());
         let mut i = 0;
         while i < n8 {
-            let r = _mm256_fmadd_ps(_mm256_loadu_ps(pv.add(i)), ve, _mm256_loadu_ps(p.add(i)));
+            let r = _mm256_fmadd_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i).cast())),
+                ve,
+                _mm256_loadu_ps(p.add(i)),
+            );
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r);
             _mm256_storeu_ps(p.add(i), _mm256_cvtph_ps(h));
             i += 8;
         }
-        for (a, &x) in acc[n8..n].iter_mut().zip(&v[n8..n]) {
-            *a = half::f16::from_f32(x.mul_add(e, *a)).to_f32();
+        for (a, x) in acc[n8..n].iter_mut().zip(&v[n8..n]) {
+            *a = half::f16::from_f32(x.to_f32().mul_add(e, *a)).to_f32();
         }
     }
 }
@@ -751,15 +740,20 @@ mod tests {
         for n in [64usize, 128, 80, 7] {
             for seed in 1..50 {
                 let (a, b) = (rand_vec(n, seed), rand_vec(n, seed + 1000));
+                let bh: Vec<f16> = b.iter().map(|&x| f16::from_f32(x)).collect();
                 assert_eq!(
-                    simd.dot(&a, &b).to_bits(),
+                    simd.dot(&a, &bh).to_bits(),
                     dot_f16_order(&a, &b).to_bits(),
                     "dot n={n} seed={seed}"
                 );
+                assert_eq!(
+                    Simd::Scalar.dot(&a, &bh).to_bits(),
+                    dot_f16_order(&a, &b).to_bits()
+                );
                 let mut x = rand_vec(n, seed + 7);
                 let mut y = x.clone();
-                simd.mad_f16(&mut x, &b, 0.37);
-                Simd::Scalar.mad_f16(&mut y, &b, 0.37);
+                simd.mad_f16(&mut x, &bh, 0.37);
+                Simd::Scalar.mad_f16(&mut y, &bh, 0.37);
                 assert_eq!(x, y, "mad n={n}");
                 simd.scale_f16(&mut x, 0.61);
                 Simd::Scalar.scale_f16(&mut y, 0.61);
