@@ -80,7 +80,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         layers = cfg.n_layer,
         vocab = cfg.vocab_size,
         context_length,
-        kv_bytes_per_token = cfg.kv_bytes_per_token(4),
+        kv_bytes_per_token = cfg.kv_bytes_per_token(KV_ELEMENT_BYTES),
         load_ms = t0.elapsed().as_millis() as u64,
         "model loaded"
     );
@@ -97,9 +97,11 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         (settings.scheduler.kv_cache_bytes / (bytes_per_token * block_size) as u64) as usize;
     if num_blocks == 0 {
         anyhow::bail!(
-            "scheduler.kv_cache_bytes = {} holds no block of {block_size} tokens \
-             ({bytes_per_token} bytes per token); raise it",
-            settings.scheduler.kv_cache_bytes
+            "scheduler.kv_cache_bytes = {} holds no block of scheduler.block_size = \
+             {block_size} tokens ({bytes_per_token} bytes per token, {} bytes per block); \
+             raise kv_cache_bytes or lower block_size",
+            settings.scheduler.kv_cache_bytes,
+            bytes_per_token * block_size
         );
     }
     tracing::info!(

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::api::SamplingDefaults;
@@ -19,6 +20,7 @@ pub struct ServerConfig {
     /// Address to listen on (`host:port`); port 0 picks a free port (logged at start-up).
     pub listen: String,
     /// Largest accepted WebSocket message, in bytes.
+    #[serde(deserialize_with = "whole_number")]
     pub max_message_bytes: usize,
 }
 
@@ -41,11 +43,13 @@ pub struct ModelConfig {
     /// `"auto"`, `"cpu"` or `"cuda:N"`.
     pub device: String,
     /// CPU threads for the model math; 0 = one per available core.
+    #[serde(deserialize_with = "whole_number")]
     pub threads: usize,
     /// What to do with Q4_1 matrices (see [`Q4_1Policy`]).
     pub q4_1: Q4_1Policy,
     /// Context window in tokens; 0 = the model's own (`llama.context_length`). A larger
     /// value than the model's is rejected.
+    #[serde(deserialize_with = "whole_number")]
     pub context_length: usize,
 }
 
@@ -61,29 +65,67 @@ impl Default for ModelConfig {
     }
 }
 
+/// Deserializes an integer setting strictly: a whole, non-negative number (or a string
+/// of digits, as environment variables arrive), never a fraction rounded silently.
+fn whole_number<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    struct Whole;
+    impl Visitor<'_> for Whole {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a whole non-negative number")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
+            Err(E::invalid_type(de::Unexpected::Float(v), &self))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+            v.trim()
+                .parse()
+                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
+        }
+    }
+    let v = d.deserialize_any(Whole)?;
+    T::try_from(v).map_err(|_| de::Error::custom(format!("{v} is too large")))
+}
+
 /// `[scheduler]`: continuous batching, KV cache budget and admission bounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// Sequences generating at once; more wait in the queue.
+    #[serde(deserialize_with = "whole_number")]
     pub max_running: usize,
     /// Queued sequences; a request beyond this gets an `overloaded` error at once.
+    #[serde(deserialize_with = "whole_number")]
     pub max_waiting: usize,
     /// Tokens per engine step (one forward pass), over all sequences: one decode token
     /// per running sequence plus prefill chunks. Longer prompts are prefilled in chunks
     /// so running streams keep flowing; smaller values lower the worst inter-token
     /// latency, larger ones the time to first token of long prompts. Must be ≥
     /// `max_running`.
+    #[serde(deserialize_with = "whole_number")]
     pub max_batch_tokens: usize,
     /// Context depth (tokens) at which a chunk is halved: a chunk starting at position
     /// `p` gets `budget × E / (E + p)` tokens, keeping each step's compute (and so the
     /// pause of running streams) about constant deep into long prompts.
+    #[serde(deserialize_with = "whole_number")]
     pub attention_cost_tokens: usize,
     /// KV cache budget in bytes: the block pool holds `kv_cache_bytes / (block_size ×
     /// bytes per token)` blocks, bytes per token being `2 × layers × kv_heads ×
     /// head_dim × 2` (f16 K and V).
+    #[serde(deserialize_with = "whole_number")]
     pub kv_cache_bytes: u64,
     /// Tokens per KV block.
+    #[serde(deserialize_with = "whole_number")]
     pub block_size: usize,
 }
 
@@ -105,6 +147,7 @@ impl Default for SchedulerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct TokenizerConfig {
     /// Threads rendering templates and tokenizing prompts.
+    #[serde(deserialize_with = "whole_number")]
     pub threads: usize,
 }
 
@@ -240,8 +283,14 @@ impl Settings {
                 self.model.threads
             ));
         }
-        if self.scheduler.max_running == 0 {
-            return bad("scheduler.max_running must be >= 1 (got 0)".into());
+        if !(1..=65536).contains(&self.scheduler.max_running) {
+            return bad(format!(
+                "scheduler.max_running must be in [1, 65536] (got {})",
+                self.scheduler.max_running
+            ));
+        }
+        if self.scheduler.max_waiting == 0 {
+            return bad("scheduler.max_waiting must be >= 1 (got 0)".into());
         }
         if !(1..=65536).contains(&self.scheduler.max_batch_tokens) {
             return bad(format!(
@@ -341,6 +390,46 @@ mod tests {
         let s = Settings::load(Some(&p), &cli).expect("load");
         assert_eq!(s.server.listen, "127.0.0.1:1");
         assert_eq!(s.model.path, PathBuf::from("/m.gguf"));
+    }
+
+    #[test]
+    fn integer_settings_refuse_fractions_and_zero_queues() {
+        for (text, key, want) in [
+            (
+                "[scheduler]\nblock_size = 16.7\n",
+                "block_size",
+                "floating point `16.7`",
+            ),
+            (
+                "[scheduler]\nkv_cache_bytes = 1.5e9\n",
+                "kv_cache_bytes",
+                "floating point",
+            ),
+            (
+                "[scheduler]\nmax_running = -3\n",
+                "max_running",
+                "integer `-3`",
+            ),
+            (
+                "[scheduler]\nmax_waiting = 0\n",
+                "max_waiting",
+                "must be >= 1 (got 0)",
+            ),
+            (
+                "[scheduler]\nmax_running = 100000\n",
+                "max_running",
+                "[1, 65536] (got 100000)",
+            ),
+        ] {
+            let p = write("whole.toml", text);
+            let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err(text);
+            let msg = e.to_string();
+            assert!(msg.contains(key) && msg.contains(want), "{text}: {msg}");
+        }
+        // Digits in a string (as environment variables arrive) are a number.
+        let p = write("digits.toml", "[scheduler]\nblock_size = \"32\"\n");
+        let s = Settings::load(Some(&p), &CliOverrides::default()).expect("digits");
+        assert_eq!(s.scheduler.block_size, 32);
     }
 
     #[test]

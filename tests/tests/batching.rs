@@ -302,3 +302,51 @@ async fn stats_message_shape_and_errors() {
         "{f}"
     );
 }
+
+#[tokio::test]
+async fn utility_errors_never_carry_an_active_requests_id() {
+    let daemon = Daemon::start().expect("daemon");
+    let mut c = daemon.connect().await.expect("connect");
+    c.send(&chat("g0", "Write a very long story about a dragon.", 300))
+        .await
+        .expect("send");
+    loop {
+        let f = c.recv().await.expect("frame");
+        if f["type"] == "delta" {
+            break;
+        }
+    }
+    // 40 stats and 40 tokenize frames reusing the active id: beyond the per-connection
+    // limit of 16 they are refused as overloaded, with id null, and g0 keeps streaming.
+    for _ in 0..40 {
+        c.send(&json!({"type":"stats","id":"g0"}))
+            .await
+            .expect("send");
+        c.send(&json!({"type":"tokenize","id":"g0","text":"hi"}))
+            .await
+            .expect("send");
+    }
+    c.send(&json!({"type":"cancel","id":"g0"}))
+        .await
+        .expect("cancel");
+    let (mut overloaded, mut replies) = (0, 0);
+    loop {
+        let f = c.recv().await.expect("frame");
+        match f["type"].as_str() {
+            Some("error") => {
+                assert_eq!(f["id"], Value::Null, "{f}");
+                assert_eq!(f["error"]["type"], "overloaded", "{f}");
+                overloaded += 1;
+            }
+            Some("stats") | Some("tokens") => replies += 1,
+            Some("done") => {
+                assert_eq!(f["id"], "g0");
+                assert_eq!(f["finish_reason"], "cancelled");
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(overloaded > 0, "the flood never hit the limit");
+    assert!(replies > 0);
+}

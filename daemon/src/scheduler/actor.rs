@@ -66,7 +66,7 @@ impl SchedulerActor {
         }
     }
 
-    fn log_stats(&mut self, why: &'static str) {
+    fn log_stats(&mut self) {
         self.last_stats_log = Instant::now();
         let st = self.scheduler.stats();
         tracing::info!(
@@ -78,7 +78,7 @@ impl SchedulerActor {
             kv_blocks_total = st.kv_blocks_total,
             tokens_generated = st.tokens_generated,
             steps = st.steps,
-            "engine stats ({why})"
+            "engine stats"
         );
     }
 
@@ -131,7 +131,7 @@ impl SchedulerActor {
             return;
         }
         if self.last_stats_log.elapsed() >= STATS_LOG_INTERVAL {
-            self.log_stats("periodic");
+            self.log_stats();
         }
         let (batch, admitted) = self.scheduler.schedule();
         for id in admitted {
@@ -253,7 +253,8 @@ impl Handler<GetStats> for SchedulerActor {
     type Result = MessageResult<GetStats>;
 
     fn handle(&mut self, _msg: GetStats, _ctx: &mut Context<Self>) -> Self::Result {
-        self.log_stats("requested");
-        MessageResult(self.scheduler.stats())
+        let st = self.scheduler.stats();
+        tracing::debug!(?st, "engine stats requested");
+        MessageResult(st)
     }
 }

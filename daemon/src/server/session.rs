@@ -242,18 +242,27 @@ async fn handle_text(
         }
         ClientMessage::Tokenize { id, text, special } => {
             let tok = engine.utility_tokenizer.clone();
-            spawn_utility(id, out, utility_in_flight, move |id| async move {
-                match tok.send(Encode { text, special }).await {
-                    Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
-                    Ok(Err(e)) => api::error_frame(Some(&id), &e),
-                    Err(e) => tokenizer_unavailable(&id, e),
-                }
-            })
+            let err_id = reject_id(Some(&id));
+            spawn_utility(
+                id,
+                err_id,
+                out,
+                utility_in_flight,
+                move |id, err_id| async move {
+                    match tok.send(Encode { text, special }).await {
+                        Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
+                        Ok(Err(e)) => api::error_frame(err_id.as_deref(), &e),
+                        Err(e) => tokenizer_unavailable(err_id.as_deref(), e),
+                    }
+                },
+            )
             .await;
         }
         ClientMessage::Stats { id } => {
+            // Error frames never carry the id of a request still active here.
+            let err_id = reject_id(id.as_deref());
             let Some(guard) = UtilityGuard::acquire(utility_in_flight) else {
-                let frame = api::error_frame(id.as_deref(), &utility_overloaded());
+                let frame = api::error_frame(err_id.as_deref(), &utility_overloaded());
                 let _ = out.send(Message::text(frame)).await;
                 return;
             };
@@ -263,7 +272,7 @@ async fn handle_text(
                 let frame = match scheduler.send(GetStats).await {
                     Ok(stats) => api::stats_frame(id.as_deref(), &stats),
                     Err(e) => api::error_frame(
-                        id.as_deref(),
+                        err_id.as_deref(),
                         &InferError::internal(format!("engine unavailable: {e}")),
                     ),
                 };
@@ -273,12 +282,19 @@ async fn handle_text(
         }
         ClientMessage::Detokenize { id, token_ids } => {
             let tok = engine.utility_tokenizer.clone();
-            spawn_utility(id, out, utility_in_flight, move |id| async move {
-                match tok.send(Decode { token_ids }).await {
-                    Ok(text) => api::text_frame(&id, &text),
-                    Err(e) => tokenizer_unavailable(&id, e),
-                }
-            })
+            let err_id = reject_id(Some(&id));
+            spawn_utility(
+                id,
+                err_id,
+                out,
+                utility_in_flight,
+                move |id, err_id| async move {
+                    match tok.send(Decode { token_ids }).await {
+                        Ok(text) => api::text_frame(&id, &text),
+                        Err(e) => tokenizer_unavailable(err_id.as_deref(), e),
+                    }
+                },
+            )
             .await;
         }
     }
@@ -286,32 +302,35 @@ async fn handle_text(
 
 /// Runs a `tokenize`/`detokenize` request in the background and queues its reply, or
 /// answers `overloaded` at once when the connection already has
-/// [`MAX_UTILITY_IN_FLIGHT`] of them waiting.
+/// [`MAX_UTILITY_IN_FLIGHT`] of them waiting. Error frames carry `err_id`: the request's
+/// id, or `None` when that id belongs to a generate request still active on the
+/// connection (an error frame with its id would read as that request's end).
 async fn spawn_utility<F, Fut>(
     id: String,
+    err_id: Option<String>,
     out: &mpsc::Sender<Message>,
     in_flight: &Rc<Cell<usize>>,
     reply: F,
 ) where
-    F: FnOnce(String) -> Fut + 'static,
+    F: FnOnce(String, Option<String>) -> Fut + 'static,
     Fut: Future<Output = String> + 'static,
 {
     let Some(guard) = UtilityGuard::acquire(in_flight) else {
-        let frame = api::error_frame(Some(&id), &utility_overloaded());
+        let frame = api::error_frame(err_id.as_deref(), &utility_overloaded());
         let _ = out.send(Message::text(frame)).await;
         return;
     };
     let out = out.clone();
     actix_rt::spawn(async move {
-        let frame = reply(id).await;
+        let frame = reply(id, err_id).await;
         let _ = out.send(Message::text(frame)).await;
         drop(guard);
     });
 }
 
-fn tokenizer_unavailable(id: &str, e: actix::MailboxError) -> String {
+fn tokenizer_unavailable(id: Option<&str>, e: actix::MailboxError) -> String {
     api::error_frame(
-        Some(id),
+        id,
         &InferError::internal(format!("tokenizer unavailable: {e}")),
     )
 }
@@ -339,7 +358,7 @@ fn utility_overloaded() -> InferError {
     InferError::new(
         ErrorKind::Overloaded,
         format!(
-            "too many tokenize/detokenize requests in flight on this connection \
+            "too many tokenize/detokenize/stats requests in flight on this connection \
              (limit {MAX_UTILITY_IN_FLIGHT}); wait for replies before sending more"
         ),
     )
