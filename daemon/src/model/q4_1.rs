@@ -103,6 +103,9 @@ enum Kernel {
     /// AVX2 + FMA, ggml's order; bit-identical to `GgmlScalar`.
     #[cfg(target_arch = "x86_64")]
     GgmlAvx2,
+    /// `GgmlAvx2` with AVX-512 VNNI for the integer dot products; bit-identical.
+    #[cfg(target_arch = "x86_64")]
+    GgmlVnni,
 }
 
 impl Kernel {
@@ -112,6 +115,9 @@ impl Kernel {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                    return Kernel::GgmlVnni;
+                }
                 return Kernel::GgmlAvx2;
             }
         }
@@ -274,6 +280,9 @@ impl Q4_1Matrix {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
             Kernel::GgmlAvx2 => unsafe { ggml_avx2::rows_range(self, act, r0, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: chosen only after AVX2, FMA, AVX-512 VNNI and VL were detected.
+            Kernel::GgmlVnni => unsafe { ggml_avx2::rows_range_vnni(self, act, r0, out) },
         }
     }
 
@@ -408,7 +417,7 @@ fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], ker
         Kernel::GgmlScalar => ggml::quantize_row(x, q, d, s),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
-        Kernel::GgmlAvx2 => unsafe { ggml_avx2::quantize_row(x, q, d, s) },
+        Kernel::GgmlAvx2 | Kernel::GgmlVnni => unsafe { ggml_avx2::quantize_row(x, q, d, s) },
     }
 }
 
@@ -616,76 +625,97 @@ mod ggml_avx2 {
         super::ggml::quantize_row(x, q, d, s);
     }
 
-    /// Weight rows `r0 .. r0 + out.len() / m` against every activation row into
-    /// `out[(r - r0) * m + a]`, in ggml's order. Activation rows go in tiles of 4, 2 and
-    /// 1 whose accumulators stay in the 16 AVX2 registers (a tile of 8 spills); each
-    /// weight block is unpacked once per tile.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `out.len()` a multiple of `act.rows` and the
-    /// rows in range (slice indexing panics otherwise, it cannot read out of bounds).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn rows_range(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
-        let m = act.rows;
-        for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-            let r = r0 + i;
-            let mut a0 = 0;
-            while a0 + 4 <= m {
-                out_row[a0..a0 + 4].copy_from_slice(&tile::<4>(w, r, act, a0));
-                a0 += 4;
+    /// Generates a `rows_range` / `tile` pair for a set of target features and a way to
+    /// compute the eight 4-value integer dot products (identical results either way).
+    macro_rules! ggml_kernel {
+        ($rows:ident, $tile:ident, $features:literal, |$qx:ident, $qy:ident| $dot:expr) => {
+            /// Weight rows `r0 .. r0 + out.len() / m` against every activation row into
+            /// `out[(r - r0) * m + a]`, in ggml's order. Activation rows go in tiles of 4,
+            /// 2 and 1 whose accumulators stay in the 16 AVX2 registers (a tile of 8
+            /// spills); each weight block is unpacked once per tile.
+            ///
+            /// # Safety
+            /// The CPU must support the function's target features; `out.len()` a
+            /// multiple of `act.rows` and the rows in range (slice indexing panics
+            /// otherwise, it cannot read out of bounds).
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $rows(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+                let m = act.rows;
+                for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
+                    let r = r0 + i;
+                    let mut a0 = 0;
+                    while a0 + 4 <= m {
+                        out_row[a0..a0 + 4].copy_from_slice(&$tile::<4>(w, r, act, a0));
+                        a0 += 4;
+                    }
+                    if m - a0 >= 2 {
+                        out_row[a0..a0 + 2].copy_from_slice(&$tile::<2>(w, r, act, a0));
+                        a0 += 2;
+                    }
+                    if m - a0 >= 1 {
+                        out_row[a0..a0 + 1].copy_from_slice(&$tile::<1>(w, r, act, a0));
+                    }
+                }
             }
-            if m - a0 >= 2 {
-                out_row[a0..a0 + 2].copy_from_slice(&tile::<2>(w, r, act, a0));
-                a0 += 2;
+
+            /// Weight row `r` against activation rows `a0 .. a0 + A`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn $tile<const A: usize>(
+                w: &Q4_1Matrix,
+                r: usize,
+                act: &Q8_1Rows,
+                a0: usize,
+            ) -> [f32; A] {
+                let nb = w.nb;
+                let low = _mm256_set1_epi8(0x0f);
+                let wq = &w.qs[r * nb..(r + 1) * nb];
+                let wd = &w.d[r * nb..(r + 1) * nb];
+                let wm = &w.m[r * nb..(r + 1) * nb];
+                let xq = &act.qs[a0 * nb..(a0 + A) * nb];
+                let xd = &act.d[a0 * nb..(a0 + A) * nb];
+                let xs = &act.s[a0 * nb..(a0 + A) * nb];
+                let mut acc = [_mm256_setzero_ps(); A];
+                let mut summs = [0f32; A];
+                for b in 0..nb {
+                    let raw = _mm_loadu_si128(wq[b].0.as_ptr().cast());
+                    let $qx =
+                        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
+                    let (d0, m0) = (wd[b], wm[b]);
+                    for t in 0..A {
+                        let x = t * nb + b;
+                        summs[t] = m0.mul_add(xs[x], summs[t]);
+                        let d0d1 = _mm256_set1_ps(d0 * xd[x]);
+                        let $qy = _mm256_load_si256(xq[x].0.as_ptr().cast());
+                        let xy = _mm256_cvtepi32_ps($dot);
+                        acc[t] = _mm256_fmadd_ps(d0d1, xy, acc[t]);
+                    }
+                }
+                let mut out = [0f32; A];
+                for t in 0..A {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+                    out[t] = super::ggml::finish(lanes, summs[t]);
+                }
+                let _ = QK;
+                out
             }
-            if m - a0 >= 1 {
-                out_row[a0..a0 + 1].copy_from_slice(&tile::<1>(w, r, act, a0));
-            }
-        }
+        };
     }
 
-    /// Weight row `r` against activation rows `a0 .. a0 + A`.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn tile<const A: usize>(
-        w: &Q4_1Matrix,
-        r: usize,
-        act: &Q8_1Rows,
-        a0: usize,
-    ) -> [f32; A] {
-        let nb = w.nb;
-        let low = _mm256_set1_epi8(0x0f);
-        let ones = _mm256_set1_epi16(1);
-        let wq = &w.qs[r * nb..(r + 1) * nb];
-        let wd = &w.d[r * nb..(r + 1) * nb];
-        let wm = &w.m[r * nb..(r + 1) * nb];
-        let xq = &act.qs[a0 * nb..(a0 + A) * nb];
-        let xd = &act.d[a0 * nb..(a0 + A) * nb];
-        let xs = &act.s[a0 * nb..(a0 + A) * nb];
-        let mut acc = [_mm256_setzero_ps(); A];
-        let mut summs = [0f32; A];
-        for b in 0..nb {
-            let raw = _mm_loadu_si128(wq[b].0.as_ptr().cast());
-            let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
-            let (d0, m0) = (wd[b], wm[b]);
-            for t in 0..A {
-                let x = t * nb + b;
-                summs[t] = m0.mul_add(xs[x], summs[t]);
-                let d0d1 = _mm256_set1_ps(d0 * xd[x]);
-                let qy = _mm256_load_si256(xq[x].0.as_ptr().cast());
-                let xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones));
-                acc[t] = _mm256_fmadd_ps(d0d1, xy, acc[t]);
-            }
-        }
-        let mut out = [0f32; A];
-        for t in 0..A {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-            out[t] = super::ggml::finish(lanes, summs[t]);
-        }
-        let _ = QK;
-        out
-    }
+    // `maddubs` (u8 × i8 pairs → i16; at most 2 · 15 · 127, no saturation) then `madd`
+    // with ones (→ i32 per 4 values), as ggml's `mul_sum_us8_pairs_float` without VNNI.
+    ggml_kernel!(rows_range, tile, "avx2,fma", |qx, qy| _mm256_madd_epi16(
+        _mm256_maddubs_epi16(qx, qy),
+        _mm256_set1_epi16(1)
+    ));
+    // `vpdpbusd`: the same four-product sums in one instruction.
+    ggml_kernel!(
+        rows_range_vnni,
+        tile_vnni,
+        "avx2,fma,avx512vnni,avx512vl",
+        |qx, qy| _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy)
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1047,7 +1077,11 @@ mod tests {
     /// The ggml-order kernels this CPU runs (the serving default).
     fn ggml_kernels() -> Vec<Kernel> {
         let mut k = vec![Kernel::GgmlScalar];
-        if Kernel::detect() != Kernel::GgmlScalar {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            k.push(Kernel::GgmlAvx2);
+        }
+        if !k.contains(&Kernel::detect()) {
             k.push(Kernel::detect());
         }
         k
