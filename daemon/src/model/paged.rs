@@ -49,6 +49,16 @@ enum LayerStore {
     Device { k: Tensor, v: Tensor },
 }
 
+/// Refuses an empty pool.
+fn check_pool_size(block_size: usize, num_blocks: usize) -> candle_core::Result<()> {
+    if block_size == 0 || num_blocks == 0 {
+        candle_core::bail!(
+            "KV block pool needs block_size ≥ 1 and num_blocks ≥ 1 (got {block_size}, {num_blocks})"
+        );
+    }
+    Ok(())
+}
+
 /// The KV block pool of one model: `num_blocks` blocks of `block_size` positions for
 /// every layer.
 #[derive(Debug)]
@@ -73,11 +83,7 @@ impl KvBlockPool {
         num_blocks: usize,
         device: &Device,
     ) -> candle_core::Result<Self> {
-        if block_size == 0 || num_blocks == 0 {
-            candle_core::bail!(
-                "KV block pool needs block_size ≥ 1 and num_blocks ≥ 1 (got {block_size}, {num_blocks})"
-            );
-        }
+        check_pool_size(block_size, num_blocks)?;
         let mut pool = Self {
             block_size,
             num_blocks: 0,
@@ -104,11 +110,7 @@ impl KvBlockPool {
         num_blocks: usize,
         device: &Device,
     ) -> candle_core::Result<Self> {
-        if block_size == 0 || num_blocks == 0 {
-            candle_core::bail!(
-                "KV block pool needs block_size ≥ 1 and num_blocks ≥ 1 (got {block_size}, {num_blocks})"
-            );
-        }
+        check_pool_size(block_size, num_blocks)?;
         let shape = (num_blocks * block_size, config.n_kv_head, config.head_dim);
         let layers = (0..config.n_layer)
             .map(|_| {

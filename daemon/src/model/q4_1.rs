@@ -426,15 +426,7 @@ fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], ker
 #[inline(always)]
 fn quantize_row_body(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
     for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(q).zip(d).zip(s) {
-        // Eight independent maxima (vectorizable), then combined: `max` ignores NaN and
-        // is order independent, so this equals candle's sequential fold.
-        let mut lanes = [0f32; 8];
-        for c in xb.chunks_exact(8) {
-            for (l, &v) in lanes.iter_mut().zip(c) {
-                *l = l.max(v.abs());
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |acc, &v| acc.max(v));
+        let amax = block_amax(xb);
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         let scale_h = f16_round(scale);
@@ -449,6 +441,19 @@ fn quantize_row_body(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]
         // candle: `f16::from_f32(sum as f32) * d`, an f16 product (computed in f32, rounded).
         *sb = f16_round(f16_round(sum as f32) * scale_h);
     }
+}
+
+/// Largest magnitude of a block: eight independent maxima (vectorizable), then combined.
+/// `max` ignores NaN and is order independent, so this equals a sequential fold.
+#[inline(always)]
+fn block_amax(xb: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for c in xb.chunks_exact(8) {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v.abs());
+        }
+    }
+    lanes.iter().fold(0f32, |acc, &v| acc.max(v))
 }
 
 /// Rounds an f32 to the nearest f16 (ties to even) and back.
@@ -536,13 +541,7 @@ mod ggml {
     #[inline(always)]
     pub(super) fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
         for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(q).zip(d).zip(s) {
-            let mut lanes = [0f32; 8];
-            for c in xb.chunks_exact(8) {
-                for (l, &v) in lanes.iter_mut().zip(c) {
-                    *l = l.max(v.abs());
-                }
-            }
-            let amax = lanes.iter().fold(0f32, |acc, &v| acc.max(v));
+            let amax = super::block_amax(xb);
             let dd = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut sum = 0i32;
