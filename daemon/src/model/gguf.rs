@@ -13,8 +13,9 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::Device;
 
-use super::llama::{rope_tables, Block, Linear, LlamaConfig, LlamaModel};
+use super::llama::{rope_tables, Block, Linear, LlamaConfig, LlamaModel, Mlp, Qkv, TokenEmbedding};
 use super::q4_1::Q4_1Matrix;
+use super::q8_0::Q8_0Matrix;
 use super::{candle_error_message, ModelError};
 
 /// What to do with Q4_1 weight matrices.
@@ -30,6 +31,8 @@ pub enum Q4_1Policy {
     RequantizeQ8_0,
     /// Keep Q4_1 and run it through our AVX2 kernel ([`super::q4_1::Q4_1Matrix`]), which
     /// quantizes activations to Q8_1 like ggml: llama.cpp's numerics at SIMD speed.
+    /// Q8_0 matrices (the output head) go through [`super::q8_0::Q8_0Matrix`], also in
+    /// ggml's numerics; the query/key/value and gate/up projections are fused.
     Native,
     /// Keep Q4_1 and use candle's portable kernel (same numerics as `native`, slow;
     /// kept as a reference for tests and benchmarks).
@@ -194,14 +197,77 @@ impl TensorReader<'_> {
                     message: candle_error_message(&e),
                 })?,
             ),
+            (GgmlDType::Q8_0, Q4_1Policy::Native) if self.device.is_cpu() => Linear::Q8_0(
+                Q8_0Matrix::from_qtensor(&t).map_err(|e| ModelError::Tensor {
+                    name: name.to_string(),
+                    message: candle_error_message(&e),
+                })?,
+            ),
             _ => Linear::Candle(QMatMul::from_qtensor(t)?),
         };
         Ok(linear)
     }
 
+    /// The query/key/value projections, fused into one Q4_1 matrix when all three are
+    /// Q4_1 kernels (one activation quantization and one parallel pass per layer).
+    fn qkv(
+        &mut self,
+        layer: usize,
+        e: usize,
+        kv_dim: usize,
+        q4_1: Q4_1Policy,
+    ) -> Result<Qkv, ModelError> {
+        let p = |s: &str| format!("blk.{layer}.{s}.weight");
+        let q = self.matmul(&p("attn_q"), &[e, e], q4_1)?;
+        let k = self.matmul(&p("attn_k"), &[kv_dim, e], q4_1)?;
+        let v = self.matmul(&p("attn_v"), &[kv_dim, e], q4_1)?;
+        Ok(match (q, k, v) {
+            (Linear::Q4_1(q), Linear::Q4_1(k), Linear::Q4_1(v))
+                if e.is_multiple_of(4) && kv_dim.is_multiple_of(4) =>
+            {
+                Qkv::Fused(
+                    Q4_1Matrix::concat(&[&q, &k, &v]).map_err(|err| ModelError::Tensor {
+                        name: p("attn_q"),
+                        message: candle_error_message(&err),
+                    })?,
+                )
+            }
+            (q, k, v) => Qkv::Separate { q, k, v },
+        })
+    }
+
+    /// The gate and up projections, fused like [`Self::qkv`].
+    fn mlp(
+        &mut self,
+        layer: usize,
+        e: usize,
+        n_ff: usize,
+        q4_1: Q4_1Policy,
+    ) -> Result<Mlp, ModelError> {
+        let p = |s: &str| format!("blk.{layer}.{s}.weight");
+        let gate = self.matmul(&p("ffn_gate"), &[n_ff, e], q4_1)?;
+        let up = self.matmul(&p("ffn_up"), &[n_ff, e], q4_1)?;
+        Ok(match (gate, up) {
+            (Linear::Q4_1(g), Linear::Q4_1(u)) if n_ff.is_multiple_of(4) => Mlp::Fused(
+                Q4_1Matrix::concat(&[&g, &u]).map_err(|err| ModelError::Tensor {
+                    name: p("ffn_gate"),
+                    message: candle_error_message(&err),
+                })?,
+            ),
+            (gate, up) => Mlp::Separate { gate, up },
+        })
+    }
+
     fn vector(&mut self, name: &str, len: usize) -> Result<candle_core::Tensor, ModelError> {
         Ok(self.read(name, &[len])?.dequantize(self.device)?)
     }
+}
+
+/// A 1-D tensor's values on the host.
+fn host_vec(t: &candle_core::Tensor) -> Result<Vec<f32>, ModelError> {
+    Ok(t.to_device(&Device::Cpu)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?)
 }
 
 /// Loads a GGUF model file of the llama architecture.
@@ -265,28 +331,37 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
     let e = config.n_embd;
     let kv_dim = config.n_kv_head * config.head_dim;
     let n_ff = require_u32(md, &format!("{arch}.feed_forward_length"))?;
-    let token_embd = tr.read("token_embd.weight", &[vocab_size, e])?;
     let output_norm = tr.vector("output_norm.weight", e)?;
-    let output = if tr.has("output.weight") {
-        tr.matmul("output.weight", &[vocab_size, e], opts.q4_1)?
+    let (token_embd, output) = if tr.has("output.weight") {
+        let embd = tr.read("token_embd.weight", &[vocab_size, e])?;
+        let out = tr.matmul("output.weight", &[vocab_size, e], opts.q4_1)?;
+        (TokenEmbedding::Candle(embd), out)
     } else {
-        // Tied embeddings: the output head reuses the embedding matrix.
-        let t = tr.read("token_embd.weight", &[vocab_size, e])?;
-        Linear::Candle(QMatMul::from_qtensor(t)?)
+        // Tied embeddings: the output head reuses the embedding matrix; when our Q8_0
+        // kernel holds it, the embedding lookup reads the same copy.
+        match tr.matmul("token_embd.weight", &[vocab_size, e], opts.q4_1)? {
+            out @ Linear::Q8_0(_) => (TokenEmbedding::TiedOutput, out),
+            out => (
+                TokenEmbedding::Candle(tr.read("token_embd.weight", &[vocab_size, e])?),
+                out,
+            ),
+        }
     };
     let mut blocks = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let p = |s: &str| format!("blk.{i}.{s}.weight");
+        let attn_norm = tr.vector(&p("attn_norm"), e)?;
+        let ffn_norm = tr.vector(&p("ffn_norm"), e)?;
         blocks.push(Block {
-            attn_norm: tr.vector(&p("attn_norm"), e)?,
-            attn_q: tr.matmul(&p("attn_q"), &[e, e], opts.q4_1)?,
-            attn_k: tr.matmul(&p("attn_k"), &[kv_dim, e], opts.q4_1)?,
-            attn_v: tr.matmul(&p("attn_v"), &[kv_dim, e], opts.q4_1)?,
+            attn_norm_host: host_vec(&attn_norm)?,
+            attn_norm,
+            qkv: tr.qkv(i, e, kv_dim, opts.q4_1)?,
             attn_output: tr.matmul(&p("attn_output"), &[e, e], opts.q4_1)?,
-            ffn_norm: tr.vector(&p("ffn_norm"), e)?,
-            ffn_gate: tr.matmul(&p("ffn_gate"), &[n_ff, e], opts.q4_1)?,
-            ffn_up: tr.matmul(&p("ffn_up"), &[n_ff, e], opts.q4_1)?,
+            ffn_norm_host: host_vec(&ffn_norm)?,
+            ffn_norm,
+            mlp: tr.mlp(i, e, n_ff, opts.q4_1)?,
             ffn_down: tr.matmul(&p("ffn_down"), &[e, n_ff], opts.q4_1)?,
+            n_ff,
         });
     }
     let (cos, sin) = rope_tables(
@@ -307,6 +382,7 @@ pub fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelEr
         config,
         token_embd,
         blocks,
+        output_norm_host: host_vec(&output_norm)?,
         output_norm,
         output,
         cos,

@@ -8,6 +8,7 @@
 use candle_core::quantized::{QMatMul, QTensor};
 
 use super::q4_1::Q4_1Matrix;
+use super::q8_0::Q8_0Matrix;
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use super::paged::{attend_cpu, AttnShape, ForwardSeq, KvBlockPool, SoloKv};
@@ -46,14 +47,17 @@ impl LlamaConfig {
     }
 }
 
-/// A weight matrix `(out, in)` applied as `y = x · Wᵀ`: candle's quantized matmul, or our
-/// Q4_1 kernel.
+/// A weight matrix `(out, in)` applied as `y = x · Wᵀ`: candle's quantized matmul, or
+/// our Q4_1 / Q8_0 kernels (ggml numerics).
 #[derive(Debug)]
 pub(super) enum Linear {
-    /// candle `QMatMul` (Q8_0, F32, other ggml types, or Q4_1 through candle's portable kernel).
+    /// candle `QMatMul` (F32, other ggml types, or Q4_1/Q8_0 under the non-native
+    /// policies and on other devices).
     Candle(QMatMul),
-    /// Q4_1 through [`Q4_1Matrix`] (ggml numerics, AVX2).
+    /// Q4_1 through [`Q4_1Matrix`].
     Q4_1(Q4_1Matrix),
+    /// Q8_0 through [`Q8_0Matrix`].
+    Q8_0(Q8_0Matrix),
 }
 
 impl Linear {
@@ -62,22 +66,173 @@ impl Linear {
         match self {
             Linear::Candle(m) => m.forward(x),
             Linear::Q4_1(m) => m.forward(x),
+            Linear::Q8_0(m) => m.forward(x),
         }
     }
+
+    /// `xs` `(rows, in)` row-major on the host → `(rows, out)`.
+    ///
+    /// # Errors
+    /// A candle error (the candle variant on a non-CPU device, shape mismatch).
+    pub(super) fn forward_host(&self, xs: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
+        match self {
+            Linear::Q4_1(m) => Ok(m.matmul_host(xs, rows)),
+            Linear::Q8_0(m) => Ok(m.matmul_host(xs, rows)),
+            Linear::Candle(m) => {
+                let k = xs.len().checked_div(rows).unwrap_or(0);
+                let x = Tensor::from_slice(xs, (rows, k), &Device::Cpu)?;
+                m.forward(&x)?.flatten_all()?.to_vec1::<f32>()
+            }
+        }
+    }
+}
+
+/// The query, key and value projections of a block.
+#[derive(Debug)]
+pub(super) enum Qkv {
+    /// Three matrices `(n_head·d, e)`, `(n_kv_head·d, e)`, `(n_kv_head·d, e)`.
+    Separate { q: Linear, k: Linear, v: Linear },
+    /// One Q4_1 matrix with the rows of q, then k, then v.
+    Fused(Q4_1Matrix),
+}
+
+/// The gate and up projections of a block's SwiGLU MLP.
+#[derive(Debug)]
+pub(super) enum Mlp {
+    /// Two matrices `(n_ff, e)`.
+    Separate { gate: Linear, up: Linear },
+    /// One Q4_1 matrix `(2·n_ff, e)`: the gate rows, then the up rows.
+    Fused(Q4_1Matrix),
+}
+
+/// Where token embeddings come from.
+#[derive(Debug)]
+pub(super) enum TokenEmbedding {
+    /// `token_embd.weight` `(vocab, n_embd)` as a candle tensor; rows are dequantized on
+    /// lookup.
+    Candle(QTensor),
+    /// The rows of the tied output head ([`Linear::Q8_0`]), one copy for both.
+    TiedOutput,
 }
 
 /// The weights of one transformer block.
 #[derive(Debug)]
 pub(super) struct Block {
     pub attn_norm: Tensor,
-    pub attn_q: Linear,
-    pub attn_k: Linear,
-    pub attn_v: Linear,
+    /// `attn_norm` on the host, for the CPU path.
+    pub attn_norm_host: Vec<f32>,
+    pub qkv: Qkv,
     pub attn_output: Linear,
     pub ffn_norm: Tensor,
-    pub ffn_gate: Linear,
-    pub ffn_up: Linear,
+    /// `ffn_norm` on the host.
+    pub ffn_norm_host: Vec<f32>,
+    pub mlp: Mlp,
     pub ffn_down: Linear,
+    /// MLP width (`feed_forward_length`).
+    pub n_ff: usize,
+}
+
+impl Block {
+    /// `(q, k, v)` for `h` `(1, T, e)` with tensor ops.
+    fn qkv_tensor(
+        &self,
+        h: &Tensor,
+        n_q: usize,
+        n_kv: usize,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        match &self.qkv {
+            Qkv::Separate { q, k, v } => Ok((q.forward(h)?, k.forward(h)?, v.forward(h)?)),
+            Qkv::Fused(m) => {
+                let all = m.forward(h)?;
+                Ok((
+                    all.narrow(D::Minus1, 0, n_q)?.contiguous()?,
+                    all.narrow(D::Minus1, n_q, n_kv)?.contiguous()?,
+                    all.narrow(D::Minus1, n_q + n_kv, n_kv)?.contiguous()?,
+                ))
+            }
+        }
+    }
+
+    /// `silu(gate(h)) · up(h)` with tensor ops.
+    fn mlp_tensor(&self, h: &Tensor, n_ff: usize) -> candle_core::Result<Tensor> {
+        let (gate, up) = match &self.mlp {
+            Mlp::Separate { gate, up } => (gate.forward(h)?, up.forward(h)?),
+            Mlp::Fused(m) => {
+                let all = m.forward(h)?;
+                (
+                    all.narrow(D::Minus1, 0, n_ff)?.contiguous()?,
+                    all.narrow(D::Minus1, n_ff, n_ff)?.contiguous()?,
+                )
+            }
+        };
+        candle_nn::ops::silu(&gate)? * up
+    }
+
+    /// `(q, k, v)` row-major for host rows `h` `(n, e)`.
+    fn qkv_host(
+        &self,
+        h: &[f32],
+        n: usize,
+        n_q: usize,
+        n_kv: usize,
+    ) -> candle_core::Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        match &self.qkv {
+            Qkv::Separate { q, k, v } => Ok((
+                q.forward_host(h, n)?,
+                k.forward_host(h, n)?,
+                v.forward_host(h, n)?,
+            )),
+            Qkv::Fused(m) => {
+                let all = m.matmul_host(h, n);
+                let width = n_q + 2 * n_kv;
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(n * n_q),
+                    Vec::with_capacity(n * n_kv),
+                    Vec::with_capacity(n * n_kv),
+                );
+                for row in all.chunks_exact(width) {
+                    q.extend_from_slice(&row[..n_q]);
+                    k.extend_from_slice(&row[n_q..n_q + n_kv]);
+                    v.extend_from_slice(&row[n_q + n_kv..]);
+                }
+                Ok((q, k, v))
+            }
+        }
+    }
+
+    /// `silu(gate(h)) · up(h)` `(n, n_ff)` for host rows `h` `(n, e)`, with candle's
+    /// `silu` arithmetic (`g / (1 + exp(-g))`, then the product).
+    fn mlp_host(&self, h: &[f32], n: usize, n_ff: usize) -> candle_core::Result<Vec<f32>> {
+        let silu_mul = |g: f32, u: f32| (g / (1.0 + (-g).exp())) * u;
+        match &self.mlp {
+            Mlp::Separate { gate, up } => {
+                let g = gate.forward_host(h, n)?;
+                let u = up.forward_host(h, n)?;
+                Ok(g.iter().zip(&u).map(|(&g, &u)| silu_mul(g, u)).collect())
+            }
+            Mlp::Fused(m) => {
+                let all = m.matmul_host(h, n);
+                let mut out = Vec::with_capacity(n * n_ff);
+                for row in all.chunks_exact(2 * n_ff) {
+                    let (g, u) = row.split_at(n_ff);
+                    out.extend(g.iter().zip(u).map(|(&g, &u)| silu_mul(g, u)));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// candle's `rms_norm` on host rows: per row of `x` `(n, e)`,
+/// `y = x / sqrt(Σx²/e + ε) · α`, the sum sequential in f32 (Zhang & Sennrich 2019).
+fn rms_norm_host(x: &[f32], alpha: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let e = alpha.len();
+    out.clear();
+    for row in x.chunks_exact(e) {
+        let sum2 = row.iter().map(|&v| v * v).sum::<f32>();
+        let m = (sum2 / e as f32 + eps).sqrt();
+        out.extend(row.iter().zip(alpha).map(|(&v, &a)| v / m * a));
+    }
 }
 
 /// A loaded llama-family model. Immutable after loading: all per-sequence state is in
@@ -85,10 +240,12 @@ pub(super) struct Block {
 #[derive(Debug)]
 pub struct LlamaModel {
     pub(super) config: LlamaConfig,
-    /// `token_embd.weight`, `(vocab, n_embd)`, kept quantized; rows are dequantized on lookup.
-    pub(super) token_embd: QTensor,
+    /// Token embeddings `(vocab, n_embd)`.
+    pub(super) token_embd: TokenEmbedding,
     pub(super) blocks: Vec<Block>,
     pub(super) output_norm: Tensor,
+    /// `output_norm` on the host.
+    pub(super) output_norm_host: Vec<f32>,
     /// `output.weight`, or `token_embd.weight` when the embeddings are tied.
     pub(super) output: Linear,
     /// RoPE tables, `(context_length, rope_dim / 2)`.
@@ -197,14 +354,143 @@ impl LlamaModel {
         if ids.is_empty() {
             return Ok(None);
         }
-        let n = ids.len();
-        let ids = Tensor::new(ids.as_slice(), &self.device)?;
-        // (T, n_embd) -> (1, T, n_embd)
-        let mut x = self.token_embd.embedding(&ids)?.unsqueeze(0)?;
-        let rope = if pool.is_host() {
-            Rope::Host(&positions)
+        if pool.is_host() && self.device.is_cpu() {
+            self.forward_host(&ids, &positions, &wanted, seqs, pool)
         } else {
-            let pos = Tensor::new(positions.as_slice(), &self.device)?;
+            self.forward_ops(&ids, &positions, &wanted, seqs, pool)
+        }
+    }
+
+    /// [`Self::forward_batch`] through the tensor-ops path even for a host pool: the
+    /// reference the host path is tested against (same results, bit for bit).
+    ///
+    /// # Errors
+    /// As [`Self::forward_batch`].
+    #[doc(hidden)]
+    pub fn forward_batch_ops(
+        &self,
+        seqs: &[ForwardSeq<'_>],
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut wanted = Vec::new();
+        for s in seqs {
+            pool.check_table(s)?;
+            ids.extend_from_slice(s.tokens);
+            positions.extend((s.start_pos..s.start_pos + s.tokens.len()).map(|p| p as u32));
+            if s.want_logits {
+                wanted.push((ids.len() - 1) as u32);
+            }
+        }
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        self.forward_ops(&ids, &positions, &wanted, seqs, pool)
+    }
+
+    /// Embeddings of `ids`, `(T, n_embd)` row-major on the host.
+    fn embed_host(&self, ids: &[u32]) -> candle_core::Result<Vec<f32>> {
+        match (&self.token_embd, &self.output) {
+            (TokenEmbedding::TiedOutput, Linear::Q8_0(m)) => m.rows_dequantized(ids),
+            (TokenEmbedding::Candle(t), _) => {
+                let ids = Tensor::new(ids, &self.device)?;
+                t.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()
+            }
+            (TokenEmbedding::TiedOutput, _) => {
+                candle_core::bail!("tied embeddings without a Q8_0 output head")
+            }
+        }
+    }
+
+    /// The CPU forward pass on host memory (no tensor ops between the kernels): the
+    /// same operations and roundings as [`Self::forward_ops`] with a host pool, bit for
+    /// bit (tested), with the fused projections and fewer allocations.
+    fn forward_host(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        wanted: &[u32],
+        seqs: &[ForwardSeq<'_>],
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let cfg = &self.config;
+        let n = ids.len();
+        let (e, n_q, n_kv) = (
+            cfg.n_embd,
+            cfg.n_head * cfg.head_dim,
+            cfg.n_kv_head * cfg.head_dim,
+        );
+        let shape = AttnShape {
+            n_head: cfg.n_head,
+            n_kv_head: cfg.n_kv_head,
+            head_dim: cfg.head_dim,
+            scale: (1.0 / (cfg.head_dim as f64).sqrt()) as f32,
+        };
+        let mut x = self.embed_host(ids)?;
+        let mut h = Vec::with_capacity(n * e);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            rms_norm_host(&x, &block.attn_norm_host, cfg.rms_eps, &mut h);
+            let (mut q, mut k, v) = block.qkv_host(&h, n, n_q, n_kv)?;
+            self.rope_host(&mut q, cfg.n_head, positions);
+            self.rope_host(&mut k, cfg.n_kv_head, positions);
+            pool.write_host(layer, seqs, &k, &v)?;
+            let y = attend_cpu(pool, layer, seqs, &q, shape)?;
+            let o = block.attn_output.forward_host(&y, n)?;
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            rms_norm_host(&x, &block.ffn_norm_host, cfg.rms_eps, &mut h);
+            let n_ff = block.n_ff;
+            let act = block.mlp_host(&h, n, n_ff)?;
+            let d = block.ffn_down.forward_host(&act, n)?;
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let mut last = Vec::with_capacity(wanted.len() * e);
+        for &r in wanted {
+            let r = r as usize;
+            last.extend_from_slice(&x[r * e..(r + 1) * e]);
+        }
+        rms_norm_host(
+            &last.clone(),
+            &self.output_norm_host,
+            cfg.rms_eps,
+            &mut last,
+        );
+        let logits = self.output.forward_host(&last, wanted.len())?;
+        let vocab = logits.len() / wanted.len();
+        Ok(Some(Tensor::from_vec(
+            logits,
+            (wanted.len(), vocab),
+            &Device::Cpu,
+        )?))
+    }
+
+    /// The forward pass with candle tensor ops (any device; on the CPU with a
+    /// tensor-backed pool in tests).
+    fn forward_ops(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        wanted: &[u32],
+        seqs: &[ForwardSeq<'_>],
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let n = ids.len();
+        // (T, n_embd) -> (1, T, n_embd)
+        let mut x = match &self.token_embd {
+            TokenEmbedding::Candle(t) => t.embedding(&Tensor::new(ids, &self.device)?)?,
+            TokenEmbedding::TiedOutput => {
+                let rows = self.embed_host(ids)?;
+                Tensor::from_vec(rows, (n, self.config.n_embd), &self.device)?
+            }
+        }
+        .unsqueeze(0)?;
+        let rope = if pool.is_host() {
+            Rope::Host(positions)
+        } else {
+            let pos = Tensor::new(positions, &self.device)?;
             Rope::Device(
                 self.cos.index_select(&pos, 0)?,
                 self.sin.index_select(&pos, 0)?,
@@ -215,14 +501,13 @@ impl LlamaModel {
             let attn = self.attention(block, layer, &h, n, seqs, &rope, pool)?;
             x = (x + attn)?;
             let h = candle_nn::ops::rms_norm(&x, &block.ffn_norm, self.config.rms_eps)?;
-            let gate = candle_nn::ops::silu(&block.ffn_gate.forward(&h)?)?;
-            let up = block.ffn_up.forward(&h)?;
-            x = (x + block.ffn_down.forward(&(gate * up)?)?)?;
+            let n_ff = block.n_ff;
+            x = (x + block.ffn_down.forward(&block.mlp_tensor(&h, n_ff)?)?)?;
         }
         if wanted.is_empty() {
             return Ok(None);
         }
-        let rows = Tensor::new(wanted.as_slice(), &self.device)?;
+        let rows = Tensor::new(wanted, &self.device)?;
         let last = x.squeeze(0)?.index_select(&rows, 0)?;
         let last = candle_nn::ops::rms_norm(&last, &self.output_norm, self.config.rms_eps)?;
         let logits = self.output.forward(&last)?;
@@ -243,9 +528,8 @@ impl LlamaModel {
         pool: &mut KvBlockPool,
     ) -> candle_core::Result<Tensor> {
         let cfg = &self.config;
-        let q = block.attn_q.forward(h)?;
-        let k = block.attn_k.forward(h)?;
-        let v = block.attn_v.forward(h)?;
+        let (q, k, v) =
+            block.qkv_tensor(h, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim)?;
         let y = match rope {
             Rope::Host(positions) => {
                 let mut q = q.flatten_all()?.to_vec1::<f32>()?;

@@ -7,6 +7,7 @@ mod gguf;
 mod llama;
 pub mod paged;
 pub mod q4_1;
+pub mod q8_0;
 
 pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
 pub use llama::{LlamaConfig, LlamaModel};

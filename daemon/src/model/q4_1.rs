@@ -14,7 +14,7 @@
 //!   them on AVX2/AVX-512 CPUs, eight f32 lanes with FMA. Its lanes are independent, so
 //!   the kernel keeps four activation rows' accumulators in registers and unpacks each
 //!   weight block once for them, which is what makes batched decode cheap.
-//! - **candle's** (the `Scalar`/`Avx2` kernels): candle's `BlockQ8_1::from_float` and
+//! - **candle's** (the `Scalar` kernel): candle's `BlockQ8_1::from_float` and
 //!   `BlockQ4_1::vec_dot`, a sequential sum in block order without FMA; bit-exact with
 //!   candle's `QMatMul` (tested), kept as the reference the tests tie our kernels to.
 //!
@@ -34,7 +34,7 @@ const QK: usize = 32;
 const Q4_1_BLOCK_BYTES: usize = 20;
 /// Below this many block dot products a call runs on the calling thread: waking the
 /// rayon pool costs more than it saves.
-const PAR_MIN_BLOCK_DOTS: usize = 8 * 1024;
+pub(super) const PAR_MIN_BLOCK_DOTS: usize = 8 * 1024;
 /// Activation rows at or above which the Q8_1 quantization itself is parallelized.
 const PAR_QUANTIZE_MIN_ROWS: usize = 16;
 
@@ -49,24 +49,36 @@ struct Nibbles([u8; QK / 2]);
 #[repr(C, align(32))]
 struct Q8Quants([i8; QK]);
 
+/// Rows interleaved per [`Group4`].
+const GROUP_ROWS: usize = 4;
+
+/// Block `b` of four consecutive weight rows `4g .. 4g + 4`, interleaved so that one
+/// 80-byte record (ggml's 4 × 20 bytes, nothing added) feeds four dot products: the
+/// rows' nibbles, then their f16 scales `d` and minimums `m` (`dm = [d0..d3, m0..m3]`,
+/// IEEE half bits, converted with one `vcvtph2ps`).
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Group4 {
+    qs: [Nibbles; GROUP_ROWS],
+    dm: [u16; 2 * GROUP_ROWS],
+}
+
 /// A Q4_1 weight matrix of shape `(n_rows, k)` (one output feature per row, as GGUF
 /// stores linear weights), for `y = x · Wᵀ`.
 ///
 /// Each row is `k / 32` ggml blocks of 32 values; block value `i` is `d * q_i + m`
-/// with `q_i` a 4-bit unsigned nibble. The nibbles are kept in ggml's byte layout
-/// (16-byte aligned); `d` and `m` are widened from f16 to f32 at load (exact), so the
-/// kernel reads them without conversion. Memory: 24 bytes per block (ggml: 20).
+/// with `q_i` a 4-bit unsigned nibble, `d` and `m` f16. Rows are stored in groups of
+/// four, block-interleaved ([`Group4`], record `g * nb + b`), so the kernel streams one
+/// array and reuses each activation block for four rows; a last partial group is
+/// padded with zero rows whose outputs are dropped. Memory: 20 bytes per block, as in
+/// the GGUF file.
 pub struct Q4_1Matrix {
     n: usize,
     k: usize,
     /// Blocks per row (`k / 32`).
     nb: usize,
-    /// `n * nb` blocks, row-major.
-    qs: Vec<Nibbles>,
-    /// Block scales `d`, `n * nb`, row-major.
-    d: Vec<f32>,
-    /// Block minimums `m`, `n * nb`, row-major.
-    m: Vec<f32>,
+    /// `n.div_ceil(4) * nb` records, group-major.
+    groups: Vec<Group4>,
 }
 
 impl std::fmt::Debug for Q4_1Matrix {
@@ -95,9 +107,6 @@ struct Q8_1Rows {
 enum Kernel {
     /// Portable code, candle's `vec_dot` order of operations.
     Scalar,
-    /// AVX2 (x86_64, runtime detected); bit-identical to `Scalar`.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
     /// Portable code, ggml's x86 order of operations (see [`ggml`]).
     GgmlScalar,
     /// AVX2 + FMA, ggml's order; bit-identical to `GgmlScalar`.
@@ -114,7 +123,10 @@ impl Kernel {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
                     return Kernel::GgmlVnni;
                 }
@@ -162,18 +174,70 @@ impl Q4_1Matrix {
                 data.len()
             );
         }
-        let blocks = n * nb;
-        let mut qs = Vec::with_capacity(blocks);
-        let mut d = Vec::with_capacity(blocks);
-        let mut m = Vec::with_capacity(blocks);
-        for block in data.chunks_exact(Q4_1_BLOCK_BYTES) {
-            d.push(f16_bits_to_f32(u16::from_le_bytes([block[0], block[1]])));
-            m.push(f16_bits_to_f32(u16::from_le_bytes([block[2], block[3]])));
-            let mut nibbles = [0u8; QK / 2];
-            nibbles.copy_from_slice(&block[4..Q4_1_BLOCK_BYTES]);
-            qs.push(Nibbles(nibbles));
+        let n_groups = n.div_ceil(GROUP_ROWS);
+        let mut groups = vec![
+            Group4 {
+                qs: [Nibbles([0; QK / 2]); GROUP_ROWS],
+                dm: [0; 2 * GROUP_ROWS],
+            };
+            n_groups * nb
+        ];
+        for (i, block) in data.chunks_exact(Q4_1_BLOCK_BYTES).enumerate() {
+            let (r, b) = (i / nb, i % nb);
+            let rec = &mut groups[(r / GROUP_ROWS) * nb + b];
+            let lane = r % GROUP_ROWS;
+            rec.dm[lane] = u16::from_le_bytes([block[0], block[1]]);
+            rec.dm[GROUP_ROWS + lane] = u16::from_le_bytes([block[2], block[3]]);
+            rec.qs[lane].0.copy_from_slice(&block[4..Q4_1_BLOCK_BYTES]);
         }
-        Ok(Self { n, k, nb, qs, d, m })
+        Ok(Self { n, k, nb, groups })
+    }
+
+    /// Stacks matrices with the same `k` along the rows (`[a; b; ...]`), e.g. the
+    /// query, key and value projections into one `(n_q + n_k + n_v, k)` matrix, so one
+    /// call quantizes the activations once and runs one parallel pass. Row `r` of the
+    /// result computes exactly what row `r` of its part did.
+    ///
+    /// # Errors
+    /// No parts, parts with different `k`, or a part other than the last whose row
+    /// count is not a multiple of 4 (its padding would land inside the result).
+    pub fn concat(parts: &[&Q4_1Matrix]) -> Result<Self> {
+        let Some(first) = parts.first() else {
+            candle_core::bail!("Q4_1Matrix::concat: no parts");
+        };
+        let mut groups = Vec::new();
+        let mut n = 0;
+        for (i, p) in parts.iter().enumerate() {
+            if p.k != first.k {
+                candle_core::bail!("Q4_1Matrix::concat: k {} differs from {}", p.k, first.k);
+            }
+            if i + 1 < parts.len() && !p.n.is_multiple_of(GROUP_ROWS) {
+                candle_core::bail!(
+                    "Q4_1Matrix::concat: part {i} has {} rows, not a multiple of {GROUP_ROWS}",
+                    p.n
+                );
+            }
+            groups.extend_from_slice(&p.groups);
+            n += p.n;
+        }
+        Ok(Self {
+            n,
+            k: first.k,
+            nb: first.nb,
+            groups,
+        })
+    }
+
+    /// Block `b` of row `r`: its nibbles, `d` and `m` (f32, exact).
+    #[inline(always)]
+    fn block(&self, r: usize, b: usize) -> (&Nibbles, f32, f32) {
+        let rec = &self.groups[(r / GROUP_ROWS) * self.nb + b];
+        let lane = r % GROUP_ROWS;
+        (
+            &rec.qs[lane],
+            f16_bits_to_f32(rec.dm[lane]),
+            f16_bits_to_f32(rec.dm[GROUP_ROWS + lane]),
+        )
     }
 
     /// `(n_rows, k)`: output features, input features.
@@ -223,7 +287,7 @@ impl Q4_1Matrix {
         }
 
         let x = x.contiguous()?;
-        let act = {
+        let out = {
             let (storage, layout) = x.storage_and_layout();
             let Storage::Cpu(cpu) = &*storage else {
                 candle_core::bail!("Q4_1Matrix::forward: input must be on the CPU");
@@ -235,99 +299,103 @@ impl Q4_1Matrix {
             let Some(xs) = all.get(start..end) else {
                 candle_core::bail!("Q4_1Matrix::forward: input storage is too short");
             };
-            quantize_q8_1(xs, rows, self.k, kernel)
+            self.matmul_host_with(xs, rows, kernel)
         };
-
-        let out = self.matmul(&act, kernel);
         Tensor::from_vec(out, out_dims, &Device::Cpu)
+    }
+
+    /// `y = x · Wᵀ` on host memory: `xs` is `(rows, k)` row-major f32, the result
+    /// `(rows, n)` row-major. The activations are quantized to Q8_1 once; rows of `y`
+    /// are independent of each other (bit-identical alone or in any batch).
+    ///
+    /// # Panics
+    /// If `xs.len() != rows * k` (a caller bug, not a request error).
+    pub fn matmul_host(&self, xs: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul_host_with(xs, rows, Kernel::detect())
+    }
+
+    fn matmul_host_with(&self, xs: &[f32], rows: usize, kernel: Kernel) -> Vec<f32> {
+        assert_eq!(
+            xs.len(),
+            rows * self.k,
+            "Q4_1Matrix::matmul_host: input size"
+        );
+        if rows == 0 || self.n == 0 {
+            return vec![0f32; rows * self.n];
+        }
+        let act = quantize_q8_1(xs, rows, self.k, kernel);
+        self.matmul(&act, kernel)
     }
 
     /// Returns `y` of shape `(act.rows, n)`, row-major.
     fn matmul(&self, act: &Q8_1Rows, kernel: Kernel) -> Vec<f32> {
         let m = act.rows;
         let n = self.n;
+        let n_groups = n.div_ceil(GROUP_ROWS);
         // Work is computed weight-row major: `out_t[r * m + a] = y[a][r]`, so that each
         // task reads its weight rows once for all activation rows.
-        let mut out_t = vec![0f32; n * m];
+        let mut out_t = vec![0f32; n_groups * GROUP_ROWS * m];
         let work = n * m * self.nb;
         let threads = rayon::current_num_threads();
+        let group_len = GROUP_ROWS * m;
         if work < PAR_MIN_BLOCK_DOTS || threads <= 1 {
             self.rows_range(act, 0, &mut out_t, kernel);
         } else {
             // About four tasks per thread, in whole groups of 4 weight rows.
-            let per_task = n.div_ceil(threads * 4).next_multiple_of(4).max(4);
+            let per_task = n_groups.div_ceil(threads * 4).max(1);
             out_t
-                .par_chunks_mut(per_task * m)
+                .par_chunks_mut(per_task * group_len)
                 .enumerate()
                 .for_each(|(i, chunk)| self.rows_range(act, i * per_task, chunk, kernel));
         }
+        out_t.truncate(n * m);
         if m == 1 {
             return out_t;
         }
         transpose(&out_t, n, m)
     }
 
-    /// Computes weight rows `r0 .. r0 + out.len() / m` against every activation row
-    /// into `out[(r - r0) * m + a]`.
-    fn rows_range(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32], kernel: Kernel) {
+    /// Computes the weight rows of groups `g0 ..` (`out.len() / (4 m)` groups) against
+    /// every activation row into `out[(r - 4 g0) * m + a]`; padding rows get 0.
+    fn rows_range(&self, act: &Q8_1Rows, g0: usize, out: &mut [f32], kernel: Kernel) {
         match kernel {
-            Kernel::Scalar => self.rows_range_scalar(act, r0, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::Avx2` is only chosen after `is_x86_feature_detected!`
-            // reported AVX2 (see `Kernel::detect` and the tests).
-            Kernel::Avx2 => unsafe { avx2::rows_range(self, act, r0, out) },
-            Kernel::GgmlScalar => self.rows_range_ggml_scalar(act, r0, out),
+            Kernel::Scalar => self.rows_range_scalar(act, g0, out, false),
+            Kernel::GgmlScalar => self.rows_range_scalar(act, g0, out, true),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
-            Kernel::GgmlAvx2 => unsafe { ggml_avx2::rows_range(self, act, r0, out) },
+            Kernel::GgmlAvx2 => unsafe { ggml_avx2::rows_range(self, act, g0, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: chosen only after AVX2, FMA, AVX-512 VNNI and VL were detected.
-            Kernel::GgmlVnni => unsafe { ggml_avx2::rows_range_vnni(self, act, r0, out) },
+            // SAFETY: chosen only after AVX2, FMA, F16C, AVX-512 VNNI and VL were detected.
+            Kernel::GgmlVnni => unsafe { ggml_avx2::rows_range_vnni(self, act, g0, out) },
         }
     }
 
-    fn rows_range_ggml_scalar(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+    /// The portable kernels, one output at a time: candle's order, or ggml's when
+    /// `ggml_order`.
+    fn rows_range_scalar(&self, act: &Q8_1Rows, g0: usize, out: &mut [f32], ggml_order: bool) {
         let m = act.rows;
         let nb = self.nb;
         for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-            let w = (r0 + i) * nb..(r0 + i + 1) * nb;
-            for (a, y) in out_row.iter_mut().enumerate() {
-                let x = a * nb..(a + 1) * nb;
-                *y = ggml::vec_dot(
-                    &self.qs[w.clone()],
-                    &self.d[w.clone()],
-                    &self.m[w.clone()],
-                    &act.qs[x.clone()],
-                    &act.d[x.clone()],
-                    &act.s[x],
-                );
+            let r = g0 * GROUP_ROWS + i;
+            if r >= self.n {
+                out_row.fill(0.0);
+                continue;
             }
-        }
-    }
-
-    fn rows_range_scalar(&self, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
-        let m = act.rows;
-        let nb = self.nb;
-        for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-            let r = r0 + i;
-            let w = r * nb..(r + 1) * nb;
             for (a, y) in out_row.iter_mut().enumerate() {
                 let x = a * nb..(a + 1) * nb;
-                *y = vec_dot_scalar(
-                    &self.qs[w.clone()],
-                    &self.d[w.clone()],
-                    &self.m[w.clone()],
-                    &act.qs[x.clone()],
-                    &act.d[x.clone()],
-                    &act.s[x],
-                );
+                let (xq, xd, xs) = (&act.qs[x.clone()], &act.d[x.clone()], &act.s[x]);
+                *y = if ggml_order {
+                    ggml::vec_dot(self, r, xq, xd, xs)
+                } else {
+                    vec_dot_scalar(self, r, xq, xd, xs)
+                };
             }
         }
     }
 }
 
 /// `out[a * n + r] = src[r * m + a]` for `src` of shape `(n, m)`.
-fn transpose(src: &[f32], n: usize, m: usize) -> Vec<f32> {
+pub(super) fn transpose(src: &[f32], n: usize, m: usize) -> Vec<f32> {
     const TILE: usize = 32;
     let mut out = vec![0f32; n * m];
     let body = |a0: usize, dst: &mut [f32]| {
@@ -353,25 +421,19 @@ fn transpose(src: &[f32], n: usize, m: usize) -> Vec<f32> {
     out
 }
 
-/// One output: ggml's `ggml_vec_dot_q4_1_q8_1` / candle's `BlockQ4_1::vec_dot`,
-/// same operation order as candle.
-fn vec_dot_scalar(
-    wq: &[Nibbles],
-    wd: &[f32],
-    wm: &[f32],
-    xq: &[Q8Quants],
-    xd: &[f32],
-    xs: &[f32],
-) -> f32 {
+/// One output (weight row `r`): ggml's `ggml_vec_dot_q4_1_q8_1` / candle's
+/// `BlockQ4_1::vec_dot`, in candle's order of operations.
+fn vec_dot_scalar(w: &Q4_1Matrix, r: usize, xq: &[Q8Quants], xd: &[f32], xs: &[f32]) -> f32 {
     let mut sumf = 0f32;
-    for b in 0..wq.len() {
+    for b in 0..w.nb {
+        let (q, d, m) = w.block(r, b);
         let mut sumi = 0i32;
         for j in 0..QK / 2 {
-            let v0 = i32::from(wq[b].0[j] & 0x0f);
-            let v1 = i32::from(wq[b].0[j] >> 4);
+            let v0 = i32::from(q.0[j] & 0x0f);
+            let v1 = i32::from(q.0[j] >> 4);
             sumi += v0 * i32::from(xq[b].0[j]) + v1 * i32::from(xq[b].0[j + QK / 2]);
         }
-        sumf += sumi as f32 * wd[b] * xd[b] + wm[b] * xs[b];
+        sumf += sumi as f32 * d * xd[b] + m * xs[b];
     }
     sumf
 }
@@ -412,8 +474,6 @@ fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], ker
     match kernel {
         Kernel::Scalar => quantize_row_body(x, q, d, s),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Kernel::Avx2` is only chosen after AVX2 was detected.
-        Kernel::Avx2 => unsafe { avx2::quantize_row(x, q, d, s) },
         Kernel::GgmlScalar => ggml::quantize_row(x, q, d, s),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
@@ -446,7 +506,7 @@ fn quantize_row_body(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]
 /// Largest magnitude of a block: eight independent maxima (vectorizable), then combined.
 /// `max` ignores NaN and is order independent, so this equals a sequential fold.
 #[inline(always)]
-fn block_amax(xb: &[f32]) -> f32 {
+pub(super) fn block_amax(xb: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     for c in xb.chunks_exact(8) {
         for (l, &v) in lanes.iter_mut().zip(c) {
@@ -462,7 +522,7 @@ fn f16_round(v: f32) -> f32 {
 }
 
 /// IEEE f16 → f32 (exact).
-fn f16_bits_to_f32(h: u16) -> f32 {
+pub(super) fn f16_bits_to_f32(h: u16) -> f32 {
     let sign = u32::from(h & 0x8000) << 16;
     let exp = u32::from((h >> 10) & 0x1f);
     let man = u32::from(h & 0x03ff);
@@ -480,7 +540,7 @@ fn f16_bits_to_f32(h: u16) -> f32 {
 }
 
 /// f32 → IEEE f16, round to nearest even (the `half` crate's conversion).
-fn f32_to_f16_bits(v: f32) -> u16 {
+pub(super) fn f32_to_f16_bits(v: f32) -> u16 {
     let x = v.to_bits();
     let sign = x & 0x8000_0000;
     let exp = x & 0x7f80_0000;
@@ -535,7 +595,7 @@ fn f32_to_f16_bits(v: f32) -> u16 {
 /// check bit for bit; the eight independent lanes (instead of one sequential sum) are
 /// what lets the kernel run at the speed of the integer dot products.
 mod ggml {
-    use super::{f16_bits_to_f32, f32_to_f16_bits, Nibbles, Q8Quants, QK};
+    use super::{f16_bits_to_f32, f32_to_f16_bits, Nibbles, Q4_1Matrix, Q8Quants, QK};
 
     /// [`super::quantize_row_body`]'s counterpart in ggml's numerics.
     #[inline(always)]
@@ -582,19 +642,19 @@ mod ggml {
 
     /// One output in ggml's order (portable reference for the AVX2 kernel).
     pub(super) fn vec_dot(
-        wq: &[Nibbles],
-        wd: &[f32],
-        wm: &[f32],
+        w: &Q4_1Matrix,
+        r: usize,
         xq: &[Q8Quants],
         xd: &[f32],
         xs: &[f32],
     ) -> f32 {
         let mut acc = [0f32; 8];
         let mut summs = 0f32;
-        for b in 0..wq.len() {
-            summs = wm[b].mul_add(xs[b], summs);
-            let d0d1 = wd[b] * xd[b];
-            for (a, xy) in acc.iter_mut().zip(lane_dots(&wq[b], &xq[b])) {
+        for b in 0..w.nb {
+            let (q, d, m) = w.block(r, b);
+            summs = m.mul_add(xs[b], summs);
+            let d0d1 = d * xd[b];
+            for (a, xy) in acc.iter_mut().zip(lane_dots(q, &xq[b])) {
                 *a = d0d1.mul_add(xy as f32, *a);
             }
         }
@@ -607,7 +667,7 @@ mod ggml_avx2 {
     //! The ggml-order kernel with AVX2 + FMA. Callers check both with
     //! `is_x86_feature_detected!` first.
 
-    use super::{Q4_1Matrix, Q8_1Rows, QK};
+    use super::{Q4_1Matrix, Q8_1Rows, GROUP_ROWS, QK};
     use std::arch::x86_64::*;
 
     /// See [`super::ggml::quantize_row`].
@@ -628,73 +688,88 @@ mod ggml_avx2 {
     /// compute the eight 4-value integer dot products (identical results either way).
     macro_rules! ggml_kernel {
         ($rows:ident, $tile:ident, $features:literal, |$qx:ident, $qy:ident| $dot:expr) => {
-            /// Weight rows `r0 .. r0 + out.len() / m` against every activation row into
-            /// `out[(r - r0) * m + a]`, in ggml's order. Activation rows go in tiles of 4,
-            /// 2 and 1 whose accumulators stay in the 16 AVX2 registers (a tile of 8
-            /// spills); each weight block is unpacked once per tile.
+            /// The weight rows of groups `g0 ..` against every activation row into
+            /// `out[(r - 4 g0) * m + a]`, in ggml's order. Each [`Group4`] record is
+            /// unpacked once per tile of 4, 2 or 1 activation rows; a 4 × 4 tile keeps
+            /// its 16 accumulators in registers (AVX-512VL has 32).
             ///
             /// # Safety
             /// The CPU must support the function's target features; `out.len()` a
-            /// multiple of `act.rows` and the rows in range (slice indexing panics
-            /// otherwise, it cannot read out of bounds).
+            /// multiple of `4 * act.rows` and the groups in range (slice indexing
+            /// panics otherwise, it cannot read out of bounds).
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn $rows(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
+            pub(super) unsafe fn $rows(w: &Q4_1Matrix, act: &Q8_1Rows, g0: usize, out: &mut [f32]) {
                 let m = act.rows;
-                for (i, out_row) in out.chunks_exact_mut(m).enumerate() {
-                    let r = r0 + i;
+                for (gi, out_g) in out.chunks_exact_mut(GROUP_ROWS * m).enumerate() {
+                    let g = g0 + gi;
                     let mut a0 = 0;
                     while a0 + 4 <= m {
-                        out_row[a0..a0 + 4].copy_from_slice(&$tile::<4>(w, r, act, a0));
+                        store(out_g, m, a0, &$tile::<4>(w, g, act, a0));
                         a0 += 4;
                     }
                     if m - a0 >= 2 {
-                        out_row[a0..a0 + 2].copy_from_slice(&$tile::<2>(w, r, act, a0));
+                        store(out_g, m, a0, &$tile::<2>(w, g, act, a0));
                         a0 += 2;
                     }
                     if m - a0 >= 1 {
-                        out_row[a0..a0 + 1].copy_from_slice(&$tile::<1>(w, r, act, a0));
+                        store(out_g, m, a0, &$tile::<1>(w, g, act, a0));
                     }
                 }
             }
 
-            /// Weight row `r` against activation rows `a0 .. a0 + A`.
+            /// Weight rows `4g .. 4g + 4` against activation rows `a0 .. a0 + A`:
+            /// `[row][act]`.
             #[target_feature(enable = $features)]
             #[inline]
             unsafe fn $tile<const A: usize>(
                 w: &Q4_1Matrix,
-                r: usize,
+                g: usize,
                 act: &Q8_1Rows,
                 a0: usize,
-            ) -> [f32; A] {
+            ) -> [[f32; A]; GROUP_ROWS] {
                 let nb = w.nb;
                 let low = _mm256_set1_epi8(0x0f);
-                let wq = &w.qs[r * nb..(r + 1) * nb];
-                let wd = &w.d[r * nb..(r + 1) * nb];
-                let wm = &w.m[r * nb..(r + 1) * nb];
+                let recs = &w.groups[g * nb..(g + 1) * nb];
                 let xq = &act.qs[a0 * nb..(a0 + A) * nb];
                 let xd = &act.d[a0 * nb..(a0 + A) * nb];
                 let xs = &act.s[a0 * nb..(a0 + A) * nb];
-                let mut acc = [_mm256_setzero_ps(); A];
-                let mut summs = [0f32; A];
-                for b in 0..nb {
-                    let raw = _mm_loadu_si128(wq[b].0.as_ptr().cast());
-                    let $qx =
-                        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
-                    let (d0, m0) = (wd[b], wm[b]);
+                let mut acc = [[_mm256_setzero_ps(); A]; GROUP_ROWS];
+                let mut summs = [_mm_setzero_ps(); A];
+                for (b, rec) in recs.iter().enumerate() {
+                    // [d0 d1 d2 d3 m0 m1 m2 m3], exact f16 → f32.
+                    let dm = _mm256_cvtph_ps(_mm_load_si128(rec.dm.as_ptr().cast()));
+                    let m4 = _mm256_extractf128_ps::<1>(dm);
+                    let mut qx = [_mm256_setzero_si256(); GROUP_ROWS];
+                    let mut d4 = [_mm256_setzero_ps(); GROUP_ROWS];
+                    for r in 0..GROUP_ROWS {
+                        let raw = _mm_load_si128(rec.qs[r].0.as_ptr().cast());
+                        qx[r] =
+                            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
+                        d4[r] = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(r as i32));
+                    }
                     for t in 0..A {
                         let x = t * nb + b;
-                        summs[t] = m0.mul_add(xs[x], summs[t]);
-                        let d0d1 = _mm256_set1_ps(d0 * xd[x]);
+                        // Lane r: fma(m_r, s8, summs_r), as the scalar code.
+                        summs[t] = _mm_fmadd_ps(m4, _mm_set1_ps(xs[x]), summs[t]);
+                        let d8 = _mm256_set1_ps(xd[x]);
                         let $qy = _mm256_load_si256(xq[x].0.as_ptr().cast());
-                        let xy = _mm256_cvtepi32_ps($dot);
-                        acc[t] = _mm256_fmadd_ps(d0d1, xy, acc[t]);
+                        for r in 0..GROUP_ROWS {
+                            let $qx = qx[r];
+                            let xy = _mm256_cvtepi32_ps($dot);
+                            // `d4 · d8` is the scalar product ggml broadcasts.
+                            acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(d4[r], d8), xy, acc[r][t]);
+                        }
                     }
                 }
-                let mut out = [0f32; A];
+                let mut out = [[0f32; A]; GROUP_ROWS];
                 for t in 0..A {
-                    let mut lanes = [0f32; 8];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-                    out[t] = super::ggml::finish(lanes, summs[t]);
+                    let mut s = [0f32; 4];
+                    _mm_storeu_ps(s.as_mut_ptr(), summs[t]);
+                    for r in 0..GROUP_ROWS {
+                        let mut lanes = [0f32; 8];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][t]);
+                        out[r][t] = super::ggml::finish(lanes, s[r]);
+                    }
                 }
                 let _ = QK;
                 out
@@ -702,325 +777,26 @@ mod ggml_avx2 {
         };
     }
 
+    /// `out_g[r * m + a0 + t] = y[r][t]` for one group's rows.
+    #[inline(always)]
+    fn store<const A: usize>(out_g: &mut [f32], m: usize, a0: usize, y: &[[f32; A]; GROUP_ROWS]) {
+        for (r, yr) in y.iter().enumerate() {
+            out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
+        }
+    }
+
     // `maddubs` (u8 × i8 pairs → i16; at most 2 · 15 · 127, no saturation) then `madd`
     // with ones (→ i32 per 4 values), as ggml's `mul_sum_us8_pairs_float` without VNNI.
-    ggml_kernel!(rows_range, tile, "avx2,fma", |qx, qy| _mm256_madd_epi16(
-        _mm256_maddubs_epi16(qx, qy),
-        _mm256_set1_epi16(1)
-    ));
+    ggml_kernel!(rows_range, tile, "avx2,fma,f16c", |qx, qy| {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1))
+    });
     // `vpdpbusd`: the same four-product sums in one instruction.
     ggml_kernel!(
         rows_range_vnni,
         tile_vnni,
-        "avx2,fma,avx512vnni,avx512vl",
+        "avx2,fma,f16c,avx512vnni,avx512vl",
         |qx, qy| _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy)
     );
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    //! AVX2 kernels (no FMA: every float result must round exactly like the scalar
-    //! code). Every function here requires AVX2; callers check it with
-    //! `is_x86_feature_detected!` first.
-
-    use super::{Nibbles, Q4_1Matrix, Q8Quants, Q8_1Rows, QK};
-    use std::arch::x86_64::*;
-
-    /// Activation rows processed per pass over a weight-row pair, sized so that their
-    /// quantized blocks stay in L1 (about 16 KiB).
-    fn act_tile(nb: usize) -> usize {
-        // 32 quants and the f32 `d` and `s` per block.
-        let bytes_per_row = nb * (QK + 8);
-        ((16 * 1024) / bytes_per_row.max(1)).clamp(4, 64) & !3
-    }
-
-    /// See [`super::quantize_row_body`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32]) {
-        super::quantize_row_body(x, q, d, s);
-    }
-
-    /// AVX2 version of `Q4_1Matrix::rows_range_scalar`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2. `out.len()` must be a multiple of `act.rows`
-    /// and rows `r0 .. r0 + out.len() / act.rows` must exist in `w` (slice indexing
-    /// checks this and panics otherwise; it cannot read out of bounds).
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn rows_range(w: &Q4_1Matrix, act: &Q8_1Rows, r0: usize, out: &mut [f32]) {
-        let m = act.rows;
-        let n_rows = out.len() / m;
-        if m == 1 {
-            let mut r = 0;
-            while r + 4 <= n_rows {
-                let y = tile::<4, 1>(w, r0 + r, act, 0);
-                for (o, yr) in out[r..r + 4].iter_mut().zip(y) {
-                    *o = yr[0];
-                }
-                r += 4;
-            }
-            while r < n_rows {
-                out[r] = tile::<1, 1>(w, r0 + r, act, 0)[0][0];
-                r += 1;
-            }
-            return;
-        }
-        let a_tile = act_tile(w.nb);
-        let mut a0 = 0;
-        while a0 < m {
-            let a1 = (a0 + a_tile).min(m);
-            let mut r = 0;
-            while r + 2 <= n_rows {
-                let mut a = a0;
-                while a + 4 <= a1 {
-                    store(out, m, r, a, tile::<2, 4>(w, r0 + r, act, a));
-                    a += 4;
-                }
-                while a < a1 {
-                    store(out, m, r, a, tile::<2, 1>(w, r0 + r, act, a));
-                    a += 1;
-                }
-                r += 2;
-            }
-            if r < n_rows {
-                let mut a = a0;
-                while a + 4 <= a1 {
-                    store(out, m, r, a, tile::<1, 4>(w, r0 + r, act, a));
-                    a += 4;
-                }
-                while a < a1 {
-                    store(out, m, r, a, tile::<1, 1>(w, r0 + r, act, a));
-                    a += 1;
-                }
-            }
-            a0 = a1;
-        }
-    }
-
-    #[inline(always)]
-    fn store<const R: usize, const A: usize>(
-        out: &mut [f32],
-        m: usize,
-        r: usize,
-        a: usize,
-        y: [[f32; A]; R],
-    ) {
-        for (i, yr) in y.iter().enumerate() {
-            out[(r + i) * m + a..(r + i) * m + a + A].copy_from_slice(yr);
-        }
-    }
-
-    /// Blocks whose float terms are computed together, one per vector lane.
-    const GROUP: usize = 8;
-
-    /// Dot products of weight rows `r0 .. r0 + R` with activation rows `a0 .. a0 + A`,
-    /// bit-identical to [`super::vec_dot_scalar`] (candle's `BlockQ4_1::vec_dot`): per
-    /// output, `sumf += sumi_b as f32 * d4_b * d8_b + m4_b * s8_b` over blocks `b` in
-    /// order, with separate roundings (no FMA).
-    ///
-    /// Blocks go in groups of [`GROUP`]: the eight exact integer dot products `sumi_b`
-    /// come out of one `hadd` reduction tree as one vector, the float terms
-    /// `v_b = ((sumi_b · d4_b) · d8_b) + (m4_b · s8_b)` are computed lane-wise (the
-    /// same correctly rounded IEEE operations as the scalar code), and only the final
-    /// `sumf + v_b` chain runs in scalar, in block order. The blocks of a last partial
-    /// group go one at a time (SIMD integer dot, then the scalar float expression).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn tile<const R: usize, const A: usize>(
-        w: &Q4_1Matrix,
-        r0: usize,
-        act: &Q8_1Rows,
-        a0: usize,
-    ) -> [[f32; A]; R] {
-        let nb = w.nb;
-        // Slicing checks every row is in bounds once; the loops below then read blocks
-        // `0..nb` of each row through raw pointers.
-        let w_rows = (r0 * nb)..((r0 + R) * nb);
-        let x_rows = (a0 * nb)..((a0 + A) * nb);
-        let (wq, wd, wm) = (&w.qs[w_rows.clone()], &w.d[w_rows.clone()], &w.m[w_rows]);
-        let (xq, xd, xs) = (
-            &act.qs[x_rows.clone()],
-            &act.d[x_rows.clone()],
-            &act.s[x_rows],
-        );
-        let wp: [GroupPtr<Nibbles>; R] = std::array::from_fn(|i| GroupPtr {
-            q: wq[i * nb..].as_ptr(),
-            scale: wd[i * nb..].as_ptr(),
-            add: wm[i * nb..].as_ptr(),
-        });
-        let xp: [GroupPtr<Q8Quants>; A] = std::array::from_fn(|j| GroupPtr {
-            q: xq[j * nb..].as_ptr(),
-            scale: xd[j * nb..].as_ptr(),
-            add: xs[j * nb..].as_ptr(),
-        });
-
-        let mut sumf = [[0f32; A]; R];
-        let full = nb / GROUP * GROUP;
-        let mut b0 = 0;
-        while b0 < full {
-            for (wpi, sums) in wp.iter().zip(sumf.iter_mut()) {
-                // SAFETY: `b0 + GROUP <= nb`: every pointer has `GROUP` blocks from `b0`.
-                group_row(&wpi.at(b0), &xp, b0, sums);
-            }
-            b0 += GROUP;
-        }
-        for (wpi, sums) in wp.iter().zip(sumf.iter_mut()) {
-            // SAFETY: blocks `full .. nb` of every row exist.
-            tail_row(&wpi.at(full), &xp, full, sums, nb - full);
-        }
-        sumf
-    }
-
-    /// Raw pointers to the blocks of one row: quants, scales (`d`) and additive terms
-    /// (`m` for weights, `s` for activations).
-    #[derive(Clone, Copy)]
-    struct GroupPtr<Q> {
-        q: *const Q,
-        scale: *const f32,
-        add: *const f32,
-    }
-
-    impl<Q> GroupPtr<Q> {
-        /// The same row from block `b` on.
-        ///
-        /// # Safety
-        /// Block `b` must be within the row (or one past its end).
-        unsafe fn at(&self, b: usize) -> Self {
-            // SAFETY: the caller keeps `b` within the row.
-            unsafe {
-                Self {
-                    q: self.q.add(b),
-                    scale: self.scale.add(b),
-                    add: self.add.add(b),
-                }
-            }
-        }
-    }
-
-    /// One weight row against `A` activation rows over the [`GROUP`] blocks at `wp`
-    /// and `xp[j] + xb`: `sums[j] += v_b` in block order, with
-    /// `v_b = ((sumi_b · d4_b) · d8_b) + (m4_b · s8_b)`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `wp` and every `xp[j].at(xb)` must have [`GROUP`]
-    /// readable blocks (`Nibbles` 16-byte and `Q8Quants` 32-byte aligned, as their
-    /// types guarantee).
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn group_row<const A: usize>(
-        wp: &GroupPtr<Nibbles>,
-        xp: &[GroupPtr<Q8Quants>; A],
-        xb: usize,
-        sums: &mut [f32; A],
-    ) {
-        let low_mask = _mm256_set1_epi8(0x0f);
-        let ones = _mm256_set1_epi16(1);
-        // (Loops, not closures: closures do not get the `target_feature`.)
-        let mut qx = [_mm256_setzero_si256(); GROUP];
-        for (t, q) in qx.iter_mut().enumerate() {
-            // SAFETY: block `t < GROUP` is readable; `Nibbles` is 16 bytes, 16-byte
-            // aligned.
-            *q = nibbles(wp.q.add(t), low_mask);
-        }
-        // SAFETY: `GROUP` (= 8) floats are readable at each pointer.
-        let d4 = _mm256_loadu_ps(wp.scale);
-        let m4 = _mm256_loadu_ps(wp.add);
-        for (xpj, sum) in xp.iter().zip(sums.iter_mut()) {
-            let xq = xpj.q.add(xb);
-            // `sumi` of block `t`, as eight i32 lanes to be summed.
-            macro_rules! dot {
-                ($t:expr) => {{
-                    // SAFETY: block `$t < GROUP` is readable; `Q8Quants` is 32 bytes,
-                    // 32-byte aligned.
-                    let qy = _mm256_load_si256(xq.add($t).cast::<__m256i>());
-                    // u8 (0..=15) × i8 (-128..=127) pairs: |sum| ≤ 3840, no saturation.
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(qx[$t], qy), ones)
-                }};
-            }
-            // Exact i32 reduction tree; per 128-bit half, hadd(a, b) is
-            // [a0+a1, a2+a3, b0+b1, b2+b3].
-            let h01 = _mm256_hadd_epi32(dot!(0), dot!(1));
-            let h23 = _mm256_hadd_epi32(dot!(2), dot!(3));
-            // Low half: lanes 0..4 of blocks 0..4 summed; high half: lanes 4..8.
-            let g0 = _mm256_hadd_epi32(h01, h23);
-            let h45 = _mm256_hadd_epi32(dot!(4), dot!(5));
-            let h67 = _mm256_hadd_epi32(dot!(6), dot!(7));
-            let g1 = _mm256_hadd_epi32(h45, h67);
-            // [g0.hi, g1.lo] + [g0.lo, g1.hi]: lane t = sumi of block t.
-            let cross = _mm256_permute2x128_si256(g0, g1, 0x21);
-            let same = _mm256_blend_epi32(g0, g1, 0xf0);
-            let sumi = _mm256_add_epi32(cross, same);
-            // SAFETY: as for `d4`.
-            let d8 = _mm256_loadu_ps(xpj.scale.add(xb));
-            let s8 = _mm256_loadu_ps(xpj.add.add(xb));
-            // Exactly the scalar expression: `(sumi as f32 * d4) * d8` and `m4 * s8`,
-            // then their sum, each rounded separately.
-            let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sumi), d4), d8);
-            let v = _mm256_add_ps(t, _mm256_mul_ps(m4, s8));
-            let mut lanes = [0f32; GROUP];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            // The only order-dependent step, sequential in block order as in candle.
-            for x in lanes {
-                *sum += x;
-            }
-        }
-    }
-
-    /// The blocks `xb .. xb + len` after the last whole group: per block, the SIMD
-    /// integer dot product, then `sums[j] += sumi as f32 * d4 * d8 + m4 * s8` exactly
-    /// as [`super::vec_dot_scalar`].
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `wp` and every `xp[j].at(xb)` must have `len`
-    /// readable blocks.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn tail_row<const A: usize>(
-        wp: &GroupPtr<Nibbles>,
-        xp: &[GroupPtr<Q8Quants>; A],
-        xb: usize,
-        sums: &mut [f32; A],
-        len: usize,
-    ) {
-        let low_mask = _mm256_set1_epi8(0x0f);
-        let ones = _mm256_set1_epi16(1);
-        for t in 0..len {
-            // SAFETY: block `t < len` is readable in every row (caller).
-            let qx = nibbles(wp.q.add(t), low_mask);
-            let (d4, m4) = (*wp.scale.add(t), *wp.add.add(t));
-            for (xpj, sum) in xp.iter().zip(sums.iter_mut()) {
-                // SAFETY: as above; `Q8Quants` is 32 bytes, 32-byte aligned.
-                let qy = _mm256_load_si256(xpj.q.add(xb + t).cast::<__m256i>());
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones);
-                let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
-                let sumi = _mm_cvtsi128_si32(s);
-                let (d8, s8) = (*xpj.scale.add(xb + t), *xpj.add.add(xb + t));
-                *sum += sumi as f32 * d4 * d8 + m4 * s8;
-            }
-        }
-    }
-
-    /// 16 nibble bytes → 32 u8: low nibbles are values 0..16, high nibbles values
-    /// 16..32 (ggml's `bytes_from_nibbles_32`).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `q` must be readable (`Nibbles` is 16-byte aligned).
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn nibbles(q: *const Nibbles, low_mask: __m256i) -> __m256i {
-        // SAFETY: the caller guarantees `q` is readable; its type is 16-byte aligned.
-        let raw = _mm_load_si128(q.cast::<__m128i>());
-        let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        _mm256_and_si256(both, low_mask)
-    }
 }
 
 #[cfg(test)]
@@ -1063,21 +839,19 @@ mod tests {
         }
     }
 
-    /// The candle-order kernels this CPU runs (bit-exact with candle).
+    /// The candle-order kernels (bit-exact with candle).
     fn kernels() -> Vec<Kernel> {
-        let mut k = vec![Kernel::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") {
-            k.push(Kernel::Avx2);
-        }
-        k
+        vec![Kernel::Scalar]
     }
 
     /// The ggml-order kernels this CPU runs (the serving default).
     fn ggml_kernels() -> Vec<Kernel> {
         let mut k = vec![Kernel::GgmlScalar];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             k.push(Kernel::GgmlAvx2);
         }
         if !k.contains(&Kernel::detect()) {

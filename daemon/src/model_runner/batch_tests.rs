@@ -6,7 +6,7 @@ use candle_core::Device;
 
 use super::parity_tests::{argmax, load};
 use super::runner::{BatchItem, ModelRunner, RunBatch};
-use crate::model::{KvBlockPool, LlamaModel, Q4_1Policy, SoloKv};
+use crate::model::{ForwardSeq, KvBlockPool, LlamaModel, Q4_1Policy, SoloKv};
 use crate::request::SeqId;
 
 const BLOCK: usize = 16;
@@ -222,5 +222,60 @@ fn bad_block_tables_are_errors_not_panics() {
         });
         let e = out.items[0].logits.as_ref().expect_err("must fail");
         assert!(e.message.contains(want), "{}", e.message);
+    }
+}
+
+/// The host forward path (fused projections, no tensor ops) gives exactly the bits of
+/// the tensor-ops path on the same host pool: a prefill batch of four prompts, then a
+/// decode step, under both Q4_1 policies that use our kernels or candle's.
+#[test]
+fn host_path_equals_tensor_ops_path_bit_for_bit() {
+    for policy in [Q4_1Policy::Native, Q4_1Policy::RequantizeQ8_0] {
+        let model = load(policy);
+        let prompts = prompts();
+        let tables = tables(prompts.len(), 4, 64);
+        let mut pools = [
+            KvBlockPool::new(model.config(), BLOCK, 64, &Device::Cpu).expect("pool"),
+            KvBlockPool::new(model.config(), BLOCK, 64, &Device::Cpu).expect("pool"),
+        ];
+        let mut next: Vec<Vec<u32>> = prompts.clone();
+        let mut pos = vec![0usize; prompts.len()];
+        for step in 0..2 {
+            let seqs: Vec<ForwardSeq<'_>> = (0..prompts.len())
+                .map(|i| ForwardSeq {
+                    tokens: &next[i],
+                    start_pos: pos[i],
+                    block_table: &tables[i],
+                    want_logits: i != 1,
+                })
+                .collect();
+            let [host_pool, ops_pool] = &mut pools;
+            let host = model
+                .forward_batch(&seqs, host_pool)
+                .expect("host")
+                .expect("logits");
+            let ops = model
+                .forward_batch_ops(&seqs, ops_pool)
+                .expect("ops")
+                .expect("logits");
+            assert_eq!(host.dims(), &[3, model.config().vocab_size]);
+            let (h, o) = (
+                host.to_vec2::<f32>().expect("host"),
+                ops.to_vec2::<f32>().expect("ops"),
+            );
+            for (r, (a, b)) in h.iter().zip(&o).enumerate() {
+                assert_eq!(bits(a), bits(b), "{policy:?} step {step} row {r}");
+            }
+            let mut row = 0;
+            for i in 0..prompts.len() {
+                pos[i] += next[i].len();
+                next[i] = if i == 1 {
+                    vec![42]
+                } else {
+                    vec![argmax(&h[row])]
+                };
+                row += usize::from(i != 1);
+            }
+        }
     }
 }
