@@ -719,6 +719,15 @@ mod ggml_avx2 {
 
             /// Weight rows `4g .. 4g + 4` against activation rows `a0 .. a0 + A`:
             /// `[row][act]`.
+            ///
+            /// Rows go in pairs: one 32-byte load holds the nibbles of rows `2p` and
+            /// `2p + 1`; masking gives their low nibbles side by side (`lo`) and
+            /// shifting their high nibbles (`hi`). Against the activation's first 16
+            /// quants in both halves, `lo` yields ggml's lanes 0..4 of row `2p` in lanes
+            /// 0..4 and of row `2p + 1` in lanes 4..8; `hi` against the last 16 quants
+            /// yields lanes 4..8 of both rows. Each f32 lane thus sees exactly ggml's
+            /// operations (`fma(d4 · d8, xy, acc)` with its own row's scale), only
+            /// stored in another register.
             #[target_feature(enable = $features)]
             #[inline]
             unsafe fn $tile<const A: usize>(
@@ -733,42 +742,70 @@ mod ggml_avx2 {
                 let xq = &act.qs[a0 * nb..(a0 + A) * nb];
                 let xd = &act.d[a0 * nb..(a0 + A) * nb];
                 let xs = &act.s[a0 * nb..(a0 + A) * nb];
-                let mut acc = [[_mm256_setzero_ps(); A]; GROUP_ROWS];
-                let mut summs = [_mm_setzero_ps(); A];
+                // [pair][act]: lanes as described above.
+                let mut acc_lo = [[_mm256_setzero_ps(); A]; 2];
+                let mut acc_hi = [[_mm256_setzero_ps(); A]; 2];
+                // Lanes 4..8: the four rows' `summs`.
+                let mut summs = [_mm256_setzero_ps(); A];
+                let pair_idx = [
+                    _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                    _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                ];
                 for (b, rec) in recs.iter().enumerate() {
                     // [d0 d1 d2 d3 m0 m1 m2 m3], exact f16 → f32.
                     let dm = _mm256_cvtph_ps(_mm_load_si128(rec.dm.as_ptr().cast()));
-                    let m4 = _mm256_extractf128_ps::<1>(dm);
-                    let mut qx = [_mm256_setzero_si256(); GROUP_ROWS];
-                    let mut d4 = [_mm256_setzero_ps(); GROUP_ROWS];
-                    for r in 0..GROUP_ROWS {
-                        let raw = _mm_load_si128(rec.qs[r].0.as_ptr().cast());
-                        qx[r] =
-                            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(raw), raw), low);
-                        d4[r] = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(r as i32));
+                    let mut lo = [_mm256_setzero_si256(); 2];
+                    let mut hi = [_mm256_setzero_si256(); 2];
+                    let mut dpair = [_mm256_setzero_ps(); 2];
+                    for p in 0..2 {
+                        let v = _mm256_loadu_si256(rec.qs[2 * p].0.as_ptr().cast());
+                        lo[p] = _mm256_and_si256(v, low);
+                        hi[p] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                        dpair[p] = _mm256_permutevar8x32_ps(dm, pair_idx[p]);
                     }
                     for t in 0..A {
                         let x = t * nb + b;
-                        // Lane r: fma(m_r, s8, summs_r), as the scalar code.
-                        summs[t] = _mm_fmadd_ps(m4, _mm_set1_ps(xs[x]), summs[t]);
+                        summs[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(xs[x]), summs[t]);
                         let d8 = _mm256_set1_ps(xd[x]);
-                        let $qy = _mm256_load_si256(xq[x].0.as_ptr().cast());
-                        for r in 0..GROUP_ROWS {
-                            let $qx = qx[r];
-                            let xy = _mm256_cvtepi32_ps($dot);
-                            // `d4 · d8` is the scalar product ggml broadcasts.
-                            acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(d4[r], d8), xy, acc[r][t]);
+                        let q = &xq[x].0;
+                        let y_lo = _mm256_broadcastsi128_si256(_mm_load_si128(q.as_ptr().cast()));
+                        let y_hi =
+                            _mm256_broadcastsi128_si256(_mm_load_si128(q[16..].as_ptr().cast()));
+                        for p in 0..2 {
+                            // `d4 · d8` per row, the scalar product ggml broadcasts.
+                            let scale = _mm256_mul_ps(dpair[p], d8);
+                            let xy_lo = {
+                                let ($qx, $qy) = (lo[p], y_lo);
+                                _mm256_cvtepi32_ps($dot)
+                            };
+                            let xy_hi = {
+                                let ($qx, $qy) = (hi[p], y_hi);
+                                _mm256_cvtepi32_ps($dot)
+                            };
+                            acc_lo[p][t] = _mm256_fmadd_ps(scale, xy_lo, acc_lo[p][t]);
+                            acc_hi[p][t] = _mm256_fmadd_ps(scale, xy_hi, acc_hi[p][t]);
                         }
                     }
                 }
                 let mut out = [[0f32; A]; GROUP_ROWS];
                 for t in 0..A {
-                    let mut s = [0f32; 4];
-                    _mm_storeu_ps(s.as_mut_ptr(), summs[t]);
-                    for r in 0..GROUP_ROWS {
-                        let mut lanes = [0f32; 8];
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][t]);
-                        out[r][t] = super::ggml::finish(lanes, s[r]);
+                    let mut s = [0f32; 8];
+                    _mm256_storeu_ps(s.as_mut_ptr(), summs[t]);
+                    for p in 0..2 {
+                        let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
+                        _mm256_storeu_ps(l.as_mut_ptr(), acc_lo[p][t]);
+                        _mm256_storeu_ps(h.as_mut_ptr(), acc_hi[p][t]);
+                        for half in 0..2 {
+                            let r = 2 * p + half;
+                            let lanes: [f32; 8] = std::array::from_fn(|i| {
+                                if i < 4 {
+                                    l[4 * half + i]
+                                } else {
+                                    h[4 * half + i - 4]
+                                }
+                            });
+                            out[r][t] = super::ggml::finish(lanes, s[4 + r]);
+                        }
                     }
                 }
                 let _ = QK;
