@@ -25,6 +25,8 @@ pub struct PeerSpec {
     pub prefill_prompts: Vec<String>,
     /// Prompt of the single-stream decode run.
     pub decode_prompt: String,
+    /// Repetitions of the decode run (the best counts).
+    pub decode_reps: usize,
     /// Concurrency levels.
     pub concurrency: Vec<usize>,
     /// Prompts of the concurrency runs (level N uses the first N).

@@ -404,6 +404,7 @@ pub(super) fn attend_cpu(
             r0..r1,
             &q[row0[i] * row_width..],
             shape,
+            Simd::detect(),
         )
     };
     let outs: Vec<Vec<f32>> = if pairs * n_head >= PAR_MIN_PAIRS && work.len() > 1 {
@@ -445,6 +446,7 @@ fn attend_head(
     rows: std::ops::Range<usize>,
     q: &[f32],
     shape: AttnShape,
+    simd: Simd,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
     let g = h / (shape.n_head / shape.n_kv_head);
@@ -453,33 +455,51 @@ fn attend_head(
     let first = rows.start;
     let mut out = vec![0f32; rows.len() * hd];
     let mut qh = vec![0f32; hd];
-    let simd = Simd::detect();
-    // Offset of key/value `j` of this KV head in the layer's arrays.
-    let at =
-        |j: usize| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd;
+    // Offset of key/value `j` of this KV head in the layer's arrays, for every key the
+    // last row sees.
+    let max_keys = seq.start_pos + rows.end;
+    let offs: Vec<usize> = (0..max_keys)
+        .map(|j| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd)
+        .collect();
+    let mut scores = vec![0f32; max_keys];
+    let mut rescale = vec![0f32; max_keys];
+    let mut weight = vec![0f32; max_keys];
     for r in rows {
         let n_keys = seq.start_pos + r + 1;
         let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
         for (d, &x) in qh.iter_mut().zip(src) {
             *d = f16::from_f32(x).to_f32();
         }
-        let acc = &mut out[(r - first) * hd..(r - first + 1) * hd];
+        // Pass 1: every score (independent of the softmax state).
+        simd.scores(&qh, kc, &offs[..n_keys], shape.scale, &mut scores[..n_keys]);
+        // Pass 2: ggml's online softmax decisions, in key order: a new maximum rescales
+        // the accumulator by `exp(m_old − s)` and adds `v` with weight 1, otherwise `v`
+        // gets `exp(s − m)`. `rescale[j] < 0` marks "no rescale".
         let mut m = f32::NEG_INFINITY;
         let mut sum = 0f32;
         for j in 0..n_keys {
-            let o = at(j);
-            let s = simd.dot(&qh, &kc[o..o + hd]) * shape.scale;
+            let s = scores[j];
             let (ms, vs) = if s > m {
                 let ms = (m - s).exp();
                 m = s;
-                simd.scale_f16(acc, ms);
+                rescale[j] = ms;
                 (ms, 1.0)
             } else {
+                rescale[j] = -1.0;
                 (1.0, (s - m).exp())
             };
-            simd.mad_f16(acc, &vc[o..o + hd], vs);
+            weight[j] = vs;
             sum = sum.mul_add(ms, vs);
         }
+        // Pass 3: the f16 value accumulator, key by key.
+        let acc = &mut out[(r - first) * hd..(r - first + 1) * hd];
+        simd.accumulate(
+            acc,
+            vc,
+            &offs[..n_keys],
+            &rescale[..n_keys],
+            &weight[..n_keys],
+        );
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         for a in acc.iter_mut() {
             *a *= inv;
@@ -522,6 +542,48 @@ impl Simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU has AVX2, FMA and F16C (checked in `detect`).
             Simd::Avx2 => unsafe { x86::dot(q, k) },
+        }
+    }
+
+    /// `scores[j] = (q · k_j) · scale` for the keys at `offs[j]` in `kc`.
+    fn scores(self, q: &[f32], kc: &[f16], offs: &[usize], scale: f32, scores: &mut [f32]) {
+        match self {
+            Simd::Scalar => {
+                for (s, &o) in scores.iter_mut().zip(offs) {
+                    *s = self.dot(q, &kc[o..o + q.len()]) * scale;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked in `detect`).
+            Simd::Avx2 => unsafe { x86::scores(q, kc, offs, scale, scores) },
+        }
+    }
+
+    /// The value accumulator over keys `j` in order: when `rescale[j] ≥ 0`,
+    /// `acc = f16(acc · rescale[j])`; then `acc = f16(fma(v_j, weight[j], acc))`, with
+    /// `v_j` at `offs[j]` in `vc`.
+    fn accumulate(
+        self,
+        acc: &mut [f32],
+        vc: &[f16],
+        offs: &[usize],
+        rescale: &[f32],
+        weight: &[f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Simd::Avx2 = self {
+            if acc.len() == 64 {
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked in `detect`).
+                unsafe { x86::accumulate_64(acc, vc, offs, rescale, weight) };
+                return;
+            }
+        }
+        let hd = acc.len();
+        for ((&o, &ms), &vs) in offs.iter().zip(rescale).zip(weight) {
+            if ms >= 0.0 {
+                self.scale_f16(acc, ms);
+            }
+            self.mad_f16(acc, &vc[o..o + hd], vs);
         }
     }
 
@@ -590,9 +652,60 @@ fn dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// [`super::Simd::scores`]: the dot products in one function, [`dot`] inlined.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores(
+        q: &[f32],
+        kc: &[half::f16],
+        offs: &[usize],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        for (s, &o) in out.iter_mut().zip(offs) {
+            *s = dot(q, &kc[o..o + hd]) * scale;
+        }
+    }
+
+    /// [`super::Simd::accumulate`] for a head dimension of 64: the accumulator stays in
+    /// eight registers (as f32 values that are exactly f16) across the keys.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn accumulate_64(
+        acc: &mut [f32],
+        vc: &[half::f16],
+        offs: &[usize],
+        rescale: &[f32],
+        weight: &[f32],
+    ) {
+        let mut a = [_mm256_setzero_ps(); 8];
+        for (c, slot) in a.iter_mut().enumerate() {
+            *slot = _mm256_loadu_ps(acc[c * 8..c * 8 + 8].as_ptr());
+        }
+        for ((&o, &ms), &vs) in offs.iter().zip(rescale).zip(weight) {
+            let v = &vc[o..o + 64];
+            if ms >= 0.0 {
+                let e = _mm256_set1_ps(ms);
+                for slot in a.iter_mut() {
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(*slot, e));
+                    *slot = _mm256_cvtph_ps(h);
+                }
+            }
+            let e = _mm256_set1_ps(vs);
+            for (c, slot) in a.iter_mut().enumerate() {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(v[c * 8..].as_ptr().cast()));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_fmadd_ps(x, e, *slot));
+                *slot = _mm256_cvtph_ps(h);
+            }
+        }
+        for (c, slot) in a.iter().enumerate() {
+            _mm256_storeu_ps(acc[c * 8..c * 8 + 8].as_mut_ptr(), *slot);
+        }
+    }
+
     /// [`super::dot_f16_order`] with AVX2 + FMA + F16C (a 16-lane accumulator is two
     /// `__m256`; `b` is converted from f16 on load, exactly).
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     pub(super) unsafe fn dot(a: &[f32], b: &[half::f16]) -> f32 {
         let n = a.len().min(b.len());
         let np = n / 64 * 64;
@@ -781,5 +894,81 @@ mod tests {
         a[4] = -1e8;
         // (l8 + l0) + l4 = (1e8 + 1) - 1e8 = 0.
         assert_eq!(dot_f16_order(&a, &b), 0.0);
+    }
+
+    /// The three-pass head kernel with the register accumulator (AVX2) gives the bits
+    /// of the portable per-key loops, over a scattered block table, for decode rows and
+    /// a prefill chunk (scores with repeated and falling maxima included).
+    #[test]
+    fn attention_head_simd_equals_scalar() {
+        let config = crate::model::LlamaConfig {
+            n_layer: 1,
+            n_embd: 3 * 64,
+            n_head: 3,
+            n_kv_head: 1,
+            head_dim: 64,
+            rope_dim: 64,
+            rope_theta: 10000.0,
+            rms_eps: 1e-5,
+            context_length: 512,
+            vocab_size: 10,
+        };
+        let mut pool = KvBlockPool::new(&config, 16, 12, &Device::Cpu).unwrap();
+        let table: Vec<u32> = vec![7, 2, 9, 0, 11, 4, 5];
+        let n = 100;
+        let tokens = vec![1u32; n];
+        let seq = ForwardSeq {
+            tokens: &tokens,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: false,
+        };
+        let mut k = rand_vec(n * 64, 3);
+        let v = rand_vec(n * 64, 4);
+        // Keys 40.. equal key 39: equal scores (no new maximum).
+        let k39 = k[39 * 64..40 * 64].to_vec();
+        for j in 40..50 {
+            k[j * 64..(j + 1) * 64].copy_from_slice(&k39);
+        }
+        pool.write_host(0, &[seq], &k, &v).unwrap();
+        let (kc, vc) = pool.host_layer(0).unwrap();
+        let q = rand_vec(n * 3 * 64, 5);
+        let shape = AttnShape {
+            n_head: 3,
+            n_kv_head: 1,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        for h in 0..3 {
+            for rows in [0..16, 60..61, 99..100, 30..100] {
+                let a = attend_head(
+                    &pool,
+                    kc,
+                    vc,
+                    &seq,
+                    h,
+                    rows.clone(),
+                    &q,
+                    shape,
+                    Simd::detect(),
+                );
+                let b = attend_head(
+                    &pool,
+                    kc,
+                    vc,
+                    &seq,
+                    h,
+                    rows.clone(),
+                    &q,
+                    shape,
+                    Simd::Scalar,
+                );
+                let (a, b): (Vec<u32>, Vec<u32>) = (
+                    a.iter().map(|x| x.to_bits()).collect(),
+                    b.iter().map(|x| x.to_bits()).collect(),
+                );
+                assert_eq!(a, b, "head {h} rows {rows:?}");
+            }
+        }
     }
 }
