@@ -14,9 +14,10 @@ use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits}
 use crate::server::{serve, Engine};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
-/// Sets the CPU thread count of the model math. candle's matmuls and quantized kernels
-/// run on rayon's global pool, which reads `RAYON_NUM_THREADS` when first used; this must
-/// run before any model code. `0` = one thread per available core.
+/// Sets the CPU thread count of the model math: our kernels' thread team
+/// ([`crate::model::team`]) and rayon's global pool (candle's CPU ops), which reads
+/// `RAYON_NUM_THREADS` when first used; this must run before any model code. `0` = one
+/// thread per available core.
 pub fn set_compute_threads(threads: usize) -> usize {
     let n = if threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -26,7 +27,7 @@ pub fn set_compute_threads(threads: usize) -> usize {
     // Edition 2021: set_var is safe; nothing else reads the environment concurrently
     // this early in start-up.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    n
+    crate::model::team::set_threads(n)
 }
 
 /// Loads everything and serves until SIGINT/SIGTERM.

@@ -355,12 +355,7 @@ impl LlamaModel {
             return Ok(None);
         }
         if pool.is_host() && self.device.is_cpu() {
-            // The whole pass runs on a rayon worker, so the kernels' parallel loops
-            // split between it and the other workers instead of waking the pool from
-            // outside (and leaving one more thread than cores) for every matmul.
-            let mut out = None;
-            rayon::scope(|_| out = Some(self.forward_host(&ids, &positions, &wanted, seqs, pool)));
-            out.unwrap_or_else(|| candle_core::bail!("forward pass did not run"))
+            self.forward_host(&ids, &positions, &wanted, seqs, pool)
         } else {
             self.forward_ops(&ids, &positions, &wanted, seqs, pool)
         }

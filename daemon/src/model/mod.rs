@@ -8,6 +8,7 @@ mod llama;
 pub mod paged;
 pub mod q4_1;
 pub mod q8_0;
+pub mod team;
 
 pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
 pub use llama::{LlamaConfig, LlamaModel};

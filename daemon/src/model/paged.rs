@@ -15,7 +15,6 @@
 use candle_core::{DType, Device, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 use super::LlamaConfig;
 
@@ -333,8 +332,8 @@ pub(super) struct AttnShape {
 }
 
 /// Below this many (query row × key) pairs in a layer the attention runs on the calling
-/// thread: waking the rayon pool costs more than it saves.
-const PAR_MIN_PAIRS: usize = 4096;
+/// thread: handing out tasks costs more than it saves.
+const PAR_MIN_PAIRS: usize = 256;
 
 /// Query rows per attention work item.
 const ROW_CHUNK: usize = 16;
@@ -408,7 +407,7 @@ pub(super) fn attend_cpu(
         )
     };
     let outs: Vec<Vec<f32>> = if pairs * n_head >= PAR_MIN_PAIRS && work.len() > 1 {
-        work.par_iter().map(run).collect()
+        super::team::map(work.len(), |i| run(&work[i]))
     } else {
         work.iter().map(run).collect()
     };

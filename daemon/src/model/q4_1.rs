@@ -2,7 +2,8 @@
 //!
 //! candle 0.11's `QMatMul` runs Q4_1 weights through its portable (scalar) kernel on
 //! x86. This module does the computation with AVX2 kernels (runtime detected, scalar
-//! fallbacks giving the same bits elsewhere) and a rayon split over output rows. Each
+//! fallbacks giving the same bits elsewhere) split over output rows on the compute
+//! thread team ([`super::team`]). Each
 //! activation row is quantized per 32-value block to Q8_1, each output is a sum over
 //! blocks of `sumi · d4 · d8 + m4 · s8`, with `sumi` the exact integer dot product of
 //! the block's 32 nibbles with its 32 `i8`s.
@@ -24,16 +25,16 @@
 //! (`model_runner::parity_tests`); every kernel is deterministic and row-independent,
 //! so a sequence's output never depends on its batch company.
 
+use super::team;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Storage, Tensor};
-use rayon::prelude::*;
 
 /// Values per Q4_1 / Q8_1 block.
 const QK: usize = 32;
 /// Bytes of one ggml `block_q4_1`: f16 `d`, f16 `m`, 16 bytes of nibbles.
 const Q4_1_BLOCK_BYTES: usize = 20;
 /// Below this many block dot products a call runs on the calling thread: waking the
-/// rayon pool costs more than it saves.
+/// other threads costs more than it saves.
 pub(super) const PAR_MIN_BLOCK_DOTS: usize = 8 * 1024;
 /// Activation rows at or above which the Q8_1 quantization itself is parallelized.
 const PAR_QUANTIZE_MIN_ROWS: usize = 16;
@@ -336,17 +337,17 @@ impl Q4_1Matrix {
         // task reads its weight rows once for all activation rows.
         let mut out_t = vec![0f32; n_groups * GROUP_ROWS * m];
         let work = n * m * self.nb;
-        let threads = rayon::current_num_threads();
+        let threads = team::threads();
         let group_len = GROUP_ROWS * m;
         if work < PAR_MIN_BLOCK_DOTS || threads <= 1 {
             self.rows_range(act, 0, &mut out_t, kernel);
         } else {
-            // About four tasks per thread, in whole groups of 4 weight rows.
-            let per_task = n_groups.div_ceil(threads * 4).max(1);
-            out_t
-                .par_chunks_mut(per_task * group_len)
-                .enumerate()
-                .for_each(|(i, chunk)| self.rows_range(act, i * per_task, chunk, kernel));
+            // About eight tasks per thread (claimed dynamically), in whole groups of 4
+            // weight rows.
+            let per_task = n_groups.div_ceil(threads * 8).max(1);
+            team::for_each_chunk_mut(&mut out_t, per_task * group_len, |i, chunk| {
+                self.rows_range(act, i * per_task, chunk, kernel)
+            });
         }
         out_t.truncate(n * m);
         if m == 1 {
@@ -411,12 +412,10 @@ pub(super) fn transpose(src: &[f32], n: usize, m: usize) -> Vec<f32> {
             }
         }
     };
-    if n * m < 64 * 1024 || rayon::current_num_threads() <= 1 {
+    if n * m < 64 * 1024 || team::threads() <= 1 {
         body(0, &mut out);
     } else {
-        out.par_chunks_mut(TILE * n)
-            .enumerate()
-            .for_each(|(i, dst)| body(i * TILE, dst));
+        team::for_each_chunk_mut(&mut out, TILE * n, |i, dst| body(i * TILE, dst));
     }
     out
 }
@@ -438,12 +437,6 @@ fn vec_dot_scalar(w: &Q4_1Matrix, r: usize, xq: &[Q8Quants], xd: &[f32], xs: &[f
     sumf
 }
 
-/// One activation row and its Q8_1 outputs, as zipped by [`quantize_q8_1`].
-type RowParts<'a> = (
-    ((&'a [f32], &'a mut [Q8Quants]), &'a mut [f32]),
-    &'a mut [f32],
-);
-
 /// Quantizes `rows` rows of `k` values (`xs.len() == rows * k`, `k % 32 == 0`) to Q8_1.
 fn quantize_q8_1(xs: &[f32], rows: usize, k: usize, kernel: Kernel) -> Q8_1Rows {
     let nb = k / QK;
@@ -453,19 +446,25 @@ fn quantize_q8_1(xs: &[f32], rows: usize, k: usize, kernel: Kernel) -> Q8_1Rows 
         d: vec![0f32; rows * nb],
         s: vec![0f32; rows * nb],
     };
-    let row = |(((x, q), d), s): RowParts<'_>| quantize_row(x, q, d, s, kernel);
-    if rows >= PAR_QUANTIZE_MIN_ROWS && rayon::current_num_threads() > 1 {
-        xs.par_chunks(k)
-            .zip(act.qs.par_chunks_mut(nb))
-            .zip(act.d.par_chunks_mut(nb))
-            .zip(act.s.par_chunks_mut(nb))
-            .for_each(row);
+    if rows >= PAR_QUANTIZE_MIN_ROWS && team::threads() > 1 {
+        // Rows in parallel, each into its own buffers, then gathered in row order.
+        let parts = team::map(rows, |r| {
+            let mut q = vec![Q8Quants([0; QK]); nb];
+            let (mut d, mut s) = (vec![0f32; nb], vec![0f32; nb]);
+            quantize_row(&xs[r * k..(r + 1) * k], &mut q, &mut d, &mut s, kernel);
+            (q, d, s)
+        });
+        for (r, (q, d, s)) in parts.into_iter().enumerate() {
+            act.qs[r * nb..(r + 1) * nb].copy_from_slice(&q);
+            act.d[r * nb..(r + 1) * nb].copy_from_slice(&d);
+            act.s[r * nb..(r + 1) * nb].copy_from_slice(&s);
+        }
     } else {
         xs.chunks(k)
             .zip(act.qs.chunks_mut(nb))
             .zip(act.d.chunks_mut(nb))
             .zip(act.s.chunks_mut(nb))
-            .for_each(row);
+            .for_each(|(((x, q), d), s)| quantize_row(x, q, d, s, kernel));
     }
     act
 }
@@ -667,8 +666,11 @@ mod ggml_avx2 {
     //! The ggml-order kernel with AVX2 + FMA. Callers check both with
     //! `is_x86_feature_detected!` first.
 
-    use super::{Q4_1Matrix, Q8_1Rows, GROUP_ROWS, QK};
+    use super::{Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS, QK};
     use std::arch::x86_64::*;
+
+    /// Records (80 bytes each) fetched ahead of the one being computed.
+    const PREFETCH_RECORDS: usize = 64;
 
     /// See [`super::ggml::quantize_row`].
     ///
@@ -752,6 +754,13 @@ mod ggml_avx2 {
                     _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
                 ];
                 for (b, rec) in recs.iter().enumerate() {
+                    if A == 1 {
+                        // Single-row decode streams the weights once: fetch ahead (a
+                        // hint; it never faults, and past the end it fetches nothing
+                        // useful).
+                        let ahead = (rec as *const Group4).wrapping_add(PREFETCH_RECORDS);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    }
                     // [d0 d1 d2 d3 m0 m1 m2 m3], exact f16 → f32.
                     let dm = _mm256_cvtph_ps(_mm_load_si128(rec.dm.as_ptr().cast()));
                     let mut lo = [_mm256_setzero_si256(); 2];
@@ -981,7 +990,7 @@ mod tests {
     #[test]
     fn scalar_and_simd_kernels_agree() {
         // Every tile shape (m = 1; odd n; m % 4 != 0; several activation tiles) with
-        // the rayon split, and block counts that are whole groups of 8 (8, 48), have a
+        // the parallel split, and block counts that are whole groups of 8 (8, 48), have a
         // partial last group (18, 17, 23) or only a partial group (1, 3, 7). candle's
         // kernel does not accept odd block counts, so these compare with our scalar
         // kernel, itself checked bit-exact against candle above.
@@ -1173,6 +1182,67 @@ mod tests {
     #[test]
     #[ignore]
     fn timing() {
+        // Streaming: a 40 MB matrix (more than L2, as a decode step's weights), one
+        // activation row, kernel only, single thread vs the team.
+        let (n, k) = (110_000usize, 576usize);
+        let data: Vec<u8> = (0..n * k / 32 * 20)
+            .map(|i| (i * 7 % 251) as u8 & 0x3b)
+            .collect();
+        let w = Q4_1Matrix::from_ggml_bytes(&data, n, k).unwrap();
+        let xs: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let act = quantize_q8_1(&xs, 1, k, Kernel::detect());
+        let mut out = vec![0f32; n.div_ceil(4) * 4];
+        let bytes = (n * k / 32 * 20) as f64;
+        let t_one = time_ns(|| w.rows_range(&act, 0, &mut out, Kernel::detect()));
+        let t2 = time_ns(|| {
+            std::hint::black_box(w.matmul(&act, Kernel::detect()));
+        });
+        // A decode step's shapes: 30 layers of qkv (960, 576), o (576, 576), gate/up
+        // (3072, 576), down (576, 1536), each its own allocation.
+        let shapes = [(960usize, 576usize), (576, 576), (3072, 576), (576, 1536)];
+        let mats: Vec<Q4_1Matrix> = (0..30 * 4)
+            .map(|i| {
+                let (n, k) = shapes[i % 4];
+                let data: Vec<u8> = (0..n * k / 32 * 20)
+                    .map(|j| ((i + j) * 7 % 251) as u8 & 0x3b)
+                    .collect();
+                Q4_1Matrix::from_ggml_bytes(&data, n, k).unwrap()
+            })
+            .collect();
+        let total: usize = mats.iter().map(|m| m.n * m.k / 32 * 20).sum();
+        let xs: Vec<f32> = (0..1536).map(|i| (i as f32 * 0.37).sin()).collect();
+        let acts: Vec<Q8_1Rows> = [576usize, 1536]
+            .iter()
+            .map(|&k| quantize_q8_1(&xs[..k], 1, k, Kernel::detect()))
+            .collect();
+        let t = time_ns(|| {
+            for m in &mats {
+                let a = if m.k == 576 { &acts[0] } else { &acts[1] };
+                std::hint::black_box(m.matmul(a, Kernel::detect()));
+            }
+        });
+        let t1 = time_ns(|| {
+            for m in &mats {
+                let a = if m.k == 576 { &acts[0] } else { &acts[1] };
+                let mut out = vec![0f32; m.n.div_ceil(4) * 4];
+                m.rows_range(a, 0, &mut out, Kernel::detect());
+                std::hint::black_box(out);
+            }
+        });
+        println!(
+            "decode-step shapes ({} MB in 120 matrices): team {:.2} GB/s ({:.0} us), 1 thread {:.2} GB/s",
+            total / 1_000_000,
+            total as f64 / t,
+            t / 1e3,
+            total as f64 / t1
+        );
+        println!(
+            "({n},{k}) m=1 kernel: 1 thread {:.2} GB/s ({:.2} ns/block), team of {} {:.2} GB/s",
+            bytes / t_one,
+            t_one / (n * k / 32) as f64,
+            team::threads(),
+            bytes / t2
+        );
         for &(n, k) in &[(1536usize, 576usize), (576, 1536), (192, 576)] {
             let w = random((n, k), 77);
             let q41 = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
@@ -1197,7 +1267,7 @@ mod tests {
                 });
                 println!(
                     "({n:4},{k:4}) m={m:3}: q4_1 {kernel:?} {t_ours:9.0} ns | ours scalar {t_scalar:9.0} ns | candle Q4_1 {t41:9.0} ns | candle Q8_0 {t80:9.0} ns | threads {}",
-                    rayon::current_num_threads(),
+                    team::threads(),
                     kernel = Kernel::detect(),
                 );
             }

@@ -17,9 +17,9 @@
 //! quants are kept offset by +128 (u8) so that `vpdpbusd` (u8 × i8) computes
 //! `Σ (q + 128) · y` and starts from `-128 · Σ y`, which is exactly `Σ q · y`.
 
+use super::team;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Result, Storage, Tensor};
-use rayon::prelude::*;
 
 use super::q4_1::{block_amax, f16_bits_to_f32, f32_to_f16_bits, transpose, PAR_MIN_BLOCK_DOTS};
 
@@ -246,15 +246,14 @@ impl Q8_0Matrix {
         let group_len = GROUP_ROWS * m;
         // Weight-row major: `out_t[r * m + a] = y[a][r]`.
         let mut out_t = vec![0f32; n_groups * group_len];
-        let threads = rayon::current_num_threads();
+        let threads = team::threads();
         if n * m * self.nb < PAR_MIN_BLOCK_DOTS || threads <= 1 {
             self.groups_range(&act, 0, &mut out_t, kernel);
         } else {
-            let per_task = n_groups.div_ceil(threads * 8).max(1);
-            out_t
-                .par_chunks_mut(per_task * group_len)
-                .enumerate()
-                .for_each(|(i, chunk)| self.groups_range(&act, i * per_task, chunk, kernel));
+            let per_task = n_groups.div_ceil(threads * 16).max(1);
+            team::for_each_chunk_mut(&mut out_t, per_task * group_len, |i, chunk| {
+                self.groups_range(&act, i * per_task, chunk, kernel)
+            });
         }
         out_t.truncate(n * m);
         if m == 1 {
@@ -346,8 +345,11 @@ fn quantize(xs: &[f32], rows: usize, k: usize) -> Q8_0Rows {
 mod x86 {
     //! The SIMD kernels; callers check the target features first.
 
-    use super::{Q8_0Matrix, Q8_0Rows, GROUP_ROWS};
+    use super::{Group4, Q8_0Matrix, Q8_0Rows, GROUP_ROWS};
     use std::arch::x86_64::*;
+
+    /// Records (136 bytes each) fetched ahead of the one being computed.
+    const PREFETCH_RECORDS: usize = 40;
 
     macro_rules! q8_kernel {
         ($rows:ident, $tile:ident, $features:literal, |$u:ident, $y:ident, $bias:ident| $dot:expr) => {
@@ -391,6 +393,12 @@ mod x86 {
                 let xb = &act.bias[a0 * nb..(a0 + A) * nb];
                 let mut acc = [[_mm256_setzero_ps(); A]; GROUP_ROWS];
                 for (b, rec) in recs.iter().enumerate() {
+                    if A == 1 {
+                        // Stream ahead (a hint; never faults).
+                        let ahead = (rec as *const Group4).wrapping_add(PREFETCH_RECORDS);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<u8>().wrapping_add(64).cast());
+                    }
                     let d4 = _mm_cvtph_ps(_mm_loadl_epi64(rec.d.as_ptr().cast()));
                     let mut d = [0f32; GROUP_ROWS];
                     _mm_storeu_ps(d.as_mut_ptr(), d4);

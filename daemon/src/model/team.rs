@@ -1,0 +1,296 @@
+//! The compute threads of the CPU forward pass: a fixed team that spins between jobs.
+//!
+//! A decode step on the default model runs ~150 parallel loops of 10–100 µs each (one
+//! per matrix multiplication and attention layer). Waking pool threads through the OS
+//! for each costs a sizeable share of that, so, like ggml's CPU thread pool
+//! (`ggml/src/ggml-cpu/ggml-cpu.c`), the helpers busy-wait for the next job while the
+//! forward pass runs, and park only after [`SPIN`] without work (between steps of an
+//! idle engine). Tasks are claimed from an atomic counter, so a thread slowed down by
+//! other load on a shared machine simply takes fewer of them.
+//!
+//! The calling thread works too: a team of `n` threads is the caller plus `n − 1`
+//! helpers. Calls from inside a task, or while another thread's job runs (tests running
+//! in parallel), run serially on the calling thread. Every task is a function of its
+//! index only, so results never depend on which thread ran it.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle helper spins for the next job before parking.
+const SPIN: Duration = Duration::from_micros(300);
+
+/// Threads requested before the team starts (0: the machine's available parallelism).
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
+static TEAM: OnceLock<Team> = OnceLock::new();
+
+thread_local! {
+    /// Set while this thread runs a task (nested calls run serially).
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Sets the team size (threads, the caller included). Only the first call before the
+/// team's first use has an effect; returns the size the team has or will have.
+pub fn set_threads(n: usize) -> usize {
+    if TEAM.get().is_none() && n > 0 {
+        REQUESTED.store(n, Ordering::SeqCst);
+    }
+    threads()
+}
+
+/// Threads of the team (the caller included), at least 1.
+pub fn threads() -> usize {
+    match TEAM.get() {
+        Some(t) => t.helpers.len() + 1,
+        None => match REQUESTED.load(Ordering::SeqCst) {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        },
+    }
+}
+
+/// A job: `n_tasks` calls of `f(task)`.
+struct Job<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+    n_tasks: usize,
+}
+
+struct Shared {
+    /// Bumped once per job.
+    epoch: AtomicU64,
+    /// The current job (a `Job` on the caller's stack), null between jobs.
+    job: AtomicPtr<Job<'static>>,
+    /// Next task index to claim.
+    next: AtomicUsize,
+    /// Helpers between noticing a job and being done with it.
+    active: AtomicUsize,
+    /// Per helper: parked (or about to park).
+    sleeping: Vec<AtomicBool>,
+    /// A task panicked on a helper during the current job.
+    panicked: AtomicBool,
+}
+
+struct Team {
+    shared: Arc<Shared>,
+    helpers: Vec<Thread>,
+    /// Held while a job runs.
+    busy: AtomicBool,
+}
+
+fn team() -> &'static Team {
+    TEAM.get_or_init(|| {
+        let n = threads().max(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            sleeping: (1..n).map(|_| AtomicBool::new(false)).collect(),
+            panicked: AtomicBool::new(false),
+        });
+        let mut helpers = Vec::with_capacity(n - 1);
+        for i in 0..n - 1 {
+            let s = shared.clone();
+            match std::thread::Builder::new()
+                .name(format!("inferd-compute-{}", i + 1))
+                .spawn(move || helper(&s, i))
+            {
+                Ok(h) => helpers.push(h.thread().clone()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a compute thread; using fewer");
+                    break;
+                }
+            }
+        }
+        Team {
+            shared,
+            helpers,
+            busy: AtomicBool::new(false),
+        }
+    })
+}
+
+fn helper(s: &Shared, me: usize) {
+    let mut seen = 0u64;
+    loop {
+        let idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let e = s.epoch.load(Ordering::Acquire);
+            if e != seen {
+                seen = e;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && idle_since.elapsed() > SPIN {
+                s.sleeping[me].store(true, Ordering::SeqCst);
+                if s.epoch.load(Ordering::SeqCst) == seen {
+                    std::thread::park();
+                }
+                s.sleeping[me].store(false, Ordering::SeqCst);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        s.active.fetch_add(1, Ordering::SeqCst);
+        let job = s.job.load(Ordering::SeqCst);
+        if !job.is_null() {
+            // SAFETY: the caller of `run` keeps the job alive until `active` is back to
+            // 0 after it has cleared `job`; we counted ourselves in before loading it.
+            let job = unsafe { &*job };
+            IN_TASK.with(|f| f.set(true));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
+                let t = s.next.fetch_add(1, Ordering::AcqRel);
+                if t >= job.n_tasks {
+                    break;
+                }
+                (job.f)(t);
+            }));
+            if result.is_err() {
+                s.panicked.store(true, Ordering::SeqCst);
+            }
+            IN_TASK.with(|f| f.set(false));
+        }
+        s.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `f(0) .. f(n_tasks − 1)` on the team and returns when all have finished. Tasks
+/// may run in any order, on any team thread. A panicking task (a bug) makes `run` panic
+/// on the caller once every thread is done with the job, as rayon does.
+pub fn run(n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    if n_tasks == 0 {
+        return;
+    }
+    let serial = n_tasks == 1 || IN_TASK.with(Cell::get) || threads() <= 1;
+    let t = if serial { None } else { Some(team()) };
+    let Some(t) = t.filter(|t| {
+        !t.helpers.is_empty()
+            && t.busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+    }) else {
+        (0..n_tasks).for_each(f);
+        return;
+    };
+    let s = &t.shared;
+    let job = Job { f, n_tasks };
+    s.next.store(0, Ordering::SeqCst);
+    // SAFETY (lifetime erasure): `job` outlives every use; see `Close` below.
+    let ptr = (&job as *const Job<'_>).cast_mut().cast::<Job<'static>>();
+    s.job.store(ptr, Ordering::SeqCst);
+    s.epoch.fetch_add(1, Ordering::SeqCst);
+    for (sleeping, h) in s.sleeping.iter().zip(&t.helpers) {
+        if sleeping.load(Ordering::SeqCst) {
+            h.unpark();
+        }
+    }
+    /// Clears the job and waits for the helpers, also when a task panics.
+    struct Close<'a>(&'a Team);
+    impl Drop for Close<'_> {
+        fn drop(&mut self) {
+            let s = &self.0.shared;
+            // Unclaimed tasks are no one's now; helpers arriving later see no job.
+            s.job.store(std::ptr::null_mut(), Ordering::SeqCst);
+            while s.active.load(Ordering::SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
+            IN_TASK.with(|c| c.set(false));
+            self.0.busy.store(false, Ordering::Release);
+        }
+    }
+    let close = Close(t);
+    IN_TASK.with(|c| c.set(true));
+    loop {
+        let i = s.next.fetch_add(1, Ordering::AcqRel);
+        if i >= n_tasks {
+            break;
+        }
+        f(i);
+    }
+    IN_TASK.with(|c| c.set(false));
+    drop(close);
+    if s.panicked.swap(false, Ordering::SeqCst) {
+        panic!("a compute task panicked on a helper thread");
+    }
+}
+
+/// A raw pointer that may cross threads; users guarantee disjoint access.
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: only used by the functions below, which hand each task a disjoint range.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+/// Calls `f(i, chunk)` for every `chunk_len`-element chunk of `data` (the last may be
+/// shorter) on the team.
+pub fn for_each_chunk_mut<T: Send>(
+    data: &mut [T],
+    chunk_len: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let len = data.len();
+    let chunk_len = chunk_len.max(1);
+    let base = SendPtr(data.as_mut_ptr());
+    run(len.div_ceil(chunk_len), &|i| {
+        let start = i * chunk_len;
+        let end = (start + chunk_len).min(len);
+        // Capture the whole `SendPtr` (a closure would otherwise capture its raw field).
+        #[allow(clippy::redundant_locals)]
+        let base = base;
+        // SAFETY: chunk `i` is `start..end` of `data`, disjoint from every other task's,
+        // and `data` is exclusively borrowed for the duration of `run`.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+        f(i, chunk);
+    });
+}
+
+/// `[f(0), .., f(n − 1)]` computed on the team.
+pub fn map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for_each_chunk_mut(&mut out, 1, |i, slot| slot[0] = Some(f(i)));
+    out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_and_chunks_are_disjoint() {
+        for n in [0usize, 1, 2, 7, 1000] {
+            let mut v = vec![0u32; n];
+            for_each_chunk_mut(&mut v, 3, |i, c| {
+                for (j, x) in c.iter_mut().enumerate() {
+                    *x += (i * 3 + j) as u32 + 1;
+                }
+            });
+            assert!(
+                v.iter().enumerate().all(|(i, &x)| x == i as u32 + 1),
+                "n={n}"
+            );
+            let m = map(n, |i| i * i);
+            assert_eq!(m, (0..n).map(|i| i * i).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn nested_and_concurrent_calls_run() {
+        let outer = map(8, |i| map(4, |j| i * 10 + j).iter().sum::<usize>());
+        assert_eq!(outer[3], 30 * 4 + 6);
+        let handles: Vec<_> = (0..4)
+            .map(|k| std::thread::spawn(move || map(500, |i| i + k).iter().sum::<usize>()))
+            .collect();
+        for (k, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().ok(), Some(500 * 499 / 2 + 500 * k));
+        }
+    }
+}
