@@ -212,10 +212,20 @@ impl Block {
             }
             Mlp::Fused(m) => {
                 let all = m.matmul_host(h, n);
-                let mut out = Vec::with_capacity(n * n_ff);
-                for row in all.chunks_exact(2 * n_ff) {
-                    let (g, u) = row.split_at(n_ff);
-                    out.extend(g.iter().zip(u).map(|(&g, &u)| silu_mul(g, u)));
+                let mut out = vec![0f32; n * n_ff];
+                let row = |r: usize, dst: &mut [f32]| {
+                    let (g, u) = all[r * 2 * n_ff..(r + 1) * 2 * n_ff].split_at(n_ff);
+                    for ((d, &g), &u) in dst.iter_mut().zip(g).zip(u) {
+                        *d = silu_mul(g, u);
+                    }
+                };
+                // One `exp` per value: worth the team from a few rows on.
+                if n >= 4 {
+                    super::team::for_each_chunk_mut(&mut out, n_ff, row);
+                } else {
+                    out.chunks_exact_mut(n_ff)
+                        .enumerate()
+                        .for_each(|(r, d)| row(r, d));
                 }
                 Ok(out)
             }

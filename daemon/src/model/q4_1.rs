@@ -116,6 +116,10 @@ enum Kernel {
     /// `GgmlAvx2` with AVX-512 VNNI for the integer dot products; bit-identical.
     #[cfg(target_arch = "x86_64")]
     GgmlVnni,
+    /// 512-bit registers (AVX-512 F/BW/VNNI): four rows' lanes per register;
+    /// bit-identical.
+    #[cfg(target_arch = "x86_64")]
+    GgmlAvx512,
 }
 
 impl Kernel {
@@ -129,6 +133,9 @@ impl Kernel {
                 && is_x86_feature_detected!("f16c")
             {
                 if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                        return Kernel::GgmlAvx512;
+                    }
                     return Kernel::GgmlVnni;
                 }
                 return Kernel::GgmlAvx2;
@@ -368,6 +375,10 @@ impl Q4_1Matrix {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: chosen only after AVX2, FMA, F16C, AVX-512 VNNI and VL were detected.
             Kernel::GgmlVnni => unsafe { ggml_avx2::rows_range_vnni(self, act, g0, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: chosen only after AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI
+            // were detected.
+            Kernel::GgmlAvx512 => unsafe { ggml_avx512::rows_range(self, act, g0, out) },
         }
     }
 
@@ -476,7 +487,9 @@ fn quantize_row(x: &[f32], q: &mut [Q8Quants], d: &mut [f32], s: &mut [f32], ker
         Kernel::GgmlScalar => ggml::quantize_row(x, q, d, s),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Kernel::GgmlAvx2` is only chosen after AVX2 and FMA were detected.
-        Kernel::GgmlAvx2 | Kernel::GgmlVnni => unsafe { ggml_avx2::quantize_row(x, q, d, s) },
+        Kernel::GgmlAvx2 | Kernel::GgmlVnni | Kernel::GgmlAvx512 => unsafe {
+            ggml_avx2::quantize_row(x, q, d, s)
+        },
     }
 }
 
@@ -676,6 +689,9 @@ mod ggml_avx2 {
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
+    /// Explicit SIMD (ggml's `quantize_row_q8_1` AVX2 body): the same values as the
+    /// portable code for every finite input (tested); a NaN input gives another
+    /// (meaningless) quant than the portable code.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_row(
         x: &[f32],
@@ -683,7 +699,52 @@ mod ggml_avx2 {
         d: &mut [f32],
         s: &mut [f32],
     ) {
-        super::ggml::quantize_row(x, q, d, s);
+        use super::{f16_bits_to_f32, f32_to_f16_bits};
+        let sign = _mm256_set1_ps(-0.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (((xb, qb), db), sb) in x.chunks_exact(QK).zip(q).zip(d).zip(s) {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            // `max(|v|, acc)` returns `acc` for a NaN `v`, like `f32::max`.
+            let mut mx = _mm256_setzero_ps();
+            for vi in v {
+                mx = _mm256_max_ps(_mm256_andnot_ps(sign, vi), mx);
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(mx), _mm256_castps256_ps128(mx));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+            let dd = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let i: [__m256i; 4] = std::array::from_fn(|k| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v[k], id)))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+            let s4 = _mm_add_epi32(
+                _mm256_extracti128_si256::<1>(sum),
+                _mm256_castsi256_si128(sum),
+            );
+            let s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01>(s4));
+            let total = _mm_cvtsi128_si32(s4);
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(i[0], i[1]),
+                _mm256_packs_epi32(i[2], i[3]),
+            );
+            _mm256_store_si256(
+                qb.0.as_mut_ptr().cast(),
+                _mm256_permutevar8x32_epi32(packed, order),
+            );
+            *db = f16_bits_to_f32(f32_to_f16_bits(dd));
+            *sb = f16_bits_to_f32(f32_to_f16_bits(dd * total as f32));
+        }
     }
 
     /// Generates a `rows_range` / `tile` pair for a set of target features and a way to
@@ -845,6 +906,124 @@ mod ggml_avx2 {
     );
 }
 
+#[cfg(target_arch = "x86_64")]
+mod ggml_avx512 {
+    //! ggml's order on 512-bit registers. Callers check AVX2, FMA, F16C and AVX-512
+    //! F/BW/VL/VNNI first.
+
+    use super::{Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS};
+    use std::arch::x86_64::*;
+
+    /// Records (80 bytes each) fetched ahead in single-row (decode) tiles.
+    const PREFETCH_RECORDS: usize = 64;
+
+    /// See `ggml_avx2::rows_range_vnni`; same contract and results.
+    ///
+    /// # Safety
+    /// The CPU must support the target features; `out.len()` a multiple of
+    /// `4 * act.rows` (slice indexing panics on anything out of range).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn rows_range(w: &Q4_1Matrix, act: &Q8_1Rows, g0: usize, out: &mut [f32]) {
+        let m = act.rows;
+        for (gi, out_g) in out.chunks_exact_mut(GROUP_ROWS * m).enumerate() {
+            let g = g0 + gi;
+            let mut a0 = 0;
+            while a0 + 4 <= m {
+                store(out_g, m, a0, &tile::<4>(w, g, act, a0));
+                a0 += 4;
+            }
+            if m - a0 >= 2 {
+                store(out_g, m, a0, &tile::<2>(w, g, act, a0));
+                a0 += 2;
+            }
+            if m - a0 >= 1 {
+                store(out_g, m, a0, &tile::<1>(w, g, act, a0));
+            }
+        }
+    }
+
+    /// `out_g[r * m + a0 + t] = y[r][t]`.
+    #[inline(always)]
+    fn store<const A: usize>(out_g: &mut [f32], m: usize, a0: usize, y: &[[f32; A]; GROUP_ROWS]) {
+        for (r, yr) in y.iter().enumerate() {
+            out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
+        }
+    }
+
+    /// Weight rows `4g .. 4g + 4` against activation rows `a0 .. a0 + A`.
+    ///
+    /// One 64-byte load holds the record's four rows of nibbles; masked, they are the
+    /// rows' low nibbles side by side, shifted and masked their high nibbles. Against
+    /// the activation's first (last) 16 quants repeated four times, `vpdpbusd` gives
+    /// ggml's lanes 0..4 (4..8) of row `r` in lanes `4r .. 4r + 4`. Each f32 lane then
+    /// sees exactly ggml's `fma(d4 · d8, xy, acc)` with its own row's scale.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn tile<const A: usize>(
+        w: &Q4_1Matrix,
+        g: usize,
+        act: &Q8_1Rows,
+        a0: usize,
+    ) -> [[f32; A]; GROUP_ROWS] {
+        let nb = w.nb;
+        let low = _mm512_set1_epi8(0x0f);
+        let quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let recs = &w.groups[g * nb..(g + 1) * nb];
+        let xq = &act.qs[a0 * nb..(a0 + A) * nb];
+        let xd = &act.d[a0 * nb..(a0 + A) * nb];
+        let xs = &act.s[a0 * nb..(a0 + A) * nb];
+        let mut acc_lo = [_mm512_setzero_ps(); A];
+        let mut acc_hi = [_mm512_setzero_ps(); A];
+        // Lanes 4..8: the four rows' `summs`.
+        let mut summs = [_mm256_setzero_ps(); A];
+        for (b, rec) in recs.iter().enumerate() {
+            if A == 1 {
+                // A hint; never faults.
+                let ahead = (rec as *const Group4).wrapping_add(PREFETCH_RECORDS);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
+            // [d0 d1 d2 d3 m0 m1 m2 m3], exact f16 → f32.
+            let dm = _mm256_cvtph_ps(_mm_load_si128(rec.dm.as_ptr().cast()));
+            let d4 = _mm512_permutexvar_ps(quad, _mm512_castps256_ps512(dm));
+            let v = _mm512_loadu_si512(rec.qs.as_ptr().cast());
+            let lo = _mm512_and_si512(v, low);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+            for t in 0..A {
+                let x = t * nb + b;
+                summs[t] = _mm256_fmadd_ps(dm, _mm256_set1_ps(xs[x]), summs[t]);
+                let q = &xq[x].0;
+                let y_lo = _mm512_broadcast_i32x4(_mm_load_si128(q.as_ptr().cast()));
+                let y_hi = _mm512_broadcast_i32x4(_mm_load_si128(q[16..].as_ptr().cast()));
+                // `d4 · d8` per row, the scalar product ggml broadcasts.
+                let scale = _mm512_mul_ps(d4, _mm512_set1_ps(xd[x]));
+                let zero = _mm512_setzero_si512();
+                let xy_lo = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, lo, y_lo));
+                let xy_hi = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, hi, y_hi));
+                acc_lo[t] = _mm512_fmadd_ps(scale, xy_lo, acc_lo[t]);
+                acc_hi[t] = _mm512_fmadd_ps(scale, xy_hi, acc_hi[t]);
+            }
+        }
+        let mut out = [[0f32; A]; GROUP_ROWS];
+        for t in 0..A {
+            let (mut l, mut h, mut sm) = ([0f32; 16], [0f32; 16], [0f32; 8]);
+            _mm512_storeu_ps(l.as_mut_ptr(), acc_lo[t]);
+            _mm512_storeu_ps(h.as_mut_ptr(), acc_hi[t]);
+            _mm256_storeu_ps(sm.as_mut_ptr(), summs[t]);
+            for (r, o) in out.iter_mut().enumerate() {
+                let lanes: [f32; 8] = std::array::from_fn(|i| {
+                    if i < 4 {
+                        l[4 * r + i]
+                    } else {
+                        h[4 * r + i - 4]
+                    }
+                });
+                o[t] = super::ggml::finish(lanes, sm[4 + r]);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -899,6 +1078,9 @@ mod tests {
             && is_x86_feature_detected!("f16c")
         {
             k.push(Kernel::GgmlAvx2);
+            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                k.push(Kernel::GgmlVnni);
+            }
         }
         if !k.contains(&Kernel::detect()) {
             k.push(Kernel::detect());
@@ -1210,10 +1392,14 @@ mod tests {
             })
             .collect();
         let total: usize = mats.iter().map(|m| m.n * m.k / 32 * 20).sum();
-        let xs: Vec<f32> = (0..1536).map(|i| (i as f32 * 0.37).sin()).collect();
+        let rows: usize = std::env::var("TIMING_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let xs: Vec<f32> = (0..1536 * rows).map(|i| (i as f32 * 0.37).sin()).collect();
         let acts: Vec<Q8_1Rows> = [576usize, 1536]
             .iter()
-            .map(|&k| quantize_q8_1(&xs[..k], 1, k, Kernel::detect()))
+            .map(|&k| quantize_q8_1(&xs[..k * rows], rows, k, Kernel::detect()))
             .collect();
         let t = time_ns(|| {
             for m in &mats {
@@ -1224,13 +1410,13 @@ mod tests {
         let t1 = time_ns(|| {
             for m in &mats {
                 let a = if m.k == 576 { &acts[0] } else { &acts[1] };
-                let mut out = vec![0f32; m.n.div_ceil(4) * 4];
+                let mut out = vec![0f32; m.n.div_ceil(4) * 4 * rows];
                 m.rows_range(a, 0, &mut out, Kernel::detect());
                 std::hint::black_box(out);
             }
         });
         println!(
-            "decode-step shapes ({} MB in 120 matrices): team {:.2} GB/s ({:.0} us), 1 thread {:.2} GB/s",
+            "decode-step shapes ({} MB in 120 matrices), {rows} rows: team {:.2} GB/s ({:.0} us), 1 thread {:.2} GB/s",
             total / 1_000_000,
             total as f64 / t,
             t / 1e3,

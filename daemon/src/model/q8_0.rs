@@ -80,6 +80,9 @@ enum Kernel {
     /// AVX-512 VNNI (VL) `vpdpbusd` on 256-bit vectors.
     #[cfg(target_arch = "x86_64")]
     Vnni,
+    /// AVX-512 (F, BW, VNNI) on 512-bit vectors: two rows per register.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Kernel {
@@ -91,6 +94,9 @@ impl Kernel {
                 && is_x86_feature_detected!("f16c")
             {
                 if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                        return Kernel::Avx512;
+                    }
                     return Kernel::Vnni;
                 }
                 return Kernel::Avx2;
@@ -273,6 +279,10 @@ impl Q8_0Matrix {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: chosen only after AVX2, FMA, F16C, AVX-512 VNNI and VL were detected.
             Kernel::Vnni => unsafe { x86::groups_range_vnni(self, act, g0, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: chosen only after AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI
+            // were detected.
+            Kernel::Avx512 => unsafe { x86::groups_range_avx512(self, act, g0, out) },
         }
     }
 
@@ -454,6 +464,100 @@ mod x86 {
             )
         }
     );
+    /// [`Q8_0Matrix::groups_range`] on 512-bit registers: rows `2p` and `2p + 1` of a
+    /// record share a register (lanes `0..8` and `8..16`), against the activation
+    /// block repeated twice; each lane sees ggml's `fma(d_w · d_x, xy, acc)` with its
+    /// own row's scale.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; `out.len()` a
+    /// multiple of `4 * act.rows`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn groups_range_avx512(
+        w: &Q8_0Matrix,
+        act: &Q8_0Rows,
+        g0: usize,
+        out: &mut [f32],
+    ) {
+        let m = act.rows;
+        for (gi, out_g) in out.chunks_exact_mut(GROUP_ROWS * m).enumerate() {
+            let g = g0 + gi;
+            let mut a0 = 0;
+            while a0 + 4 <= m {
+                store(out_g, m, a0, &tile_avx512::<4>(w, g, act, a0));
+                a0 += 4;
+            }
+            if m - a0 >= 2 {
+                store(out_g, m, a0, &tile_avx512::<2>(w, g, act, a0));
+                a0 += 2;
+            }
+            if m - a0 >= 1 {
+                store(out_g, m, a0, &tile_avx512::<1>(w, g, act, a0));
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // `t` indexes activations and accumulators
+    unsafe fn tile_avx512<const A: usize>(
+        w: &Q8_0Matrix,
+        g: usize,
+        act: &Q8_0Rows,
+        a0: usize,
+    ) -> [[f32; A]; GROUP_ROWS] {
+        let nb = w.nb;
+        let recs = &w.groups[g * nb..(g + 1) * nb];
+        let xq = &act.qs[a0 * nb..(a0 + A) * nb];
+        let xd = &act.d[a0 * nb..(a0 + A) * nb];
+        let xb = &act.bias[a0 * nb..(a0 + A) * nb];
+        let pair_idx = [
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+        ];
+        let mut acc = [[_mm512_setzero_ps(); A]; 2];
+        for (b, rec) in recs.iter().enumerate() {
+            if A == 1 {
+                // Stream ahead (a hint; never faults).
+                let ahead = (rec as *const Group4).wrapping_add(PREFETCH_RECORDS);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<u8>().wrapping_add(64).cast());
+            }
+            let d4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(rec.d.as_ptr().cast())));
+            let dp = [
+                _mm512_permutexvar_ps(pair_idx[0], d4),
+                _mm512_permutexvar_ps(pair_idx[1], d4),
+            ];
+            let u = [
+                _mm512_loadu_si512(rec.qs[0].as_ptr().cast()),
+                _mm512_loadu_si512(rec.qs[2].as_ptr().cast()),
+            ];
+            for t in 0..A {
+                let x = t * nb + b;
+                let y = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq[x].as_ptr().cast()));
+                let bias = _mm512_broadcast_i64x4(_mm256_loadu_si256(xb[x].as_ptr().cast()));
+                let d8 = _mm512_set1_ps(xd[x]);
+                for p in 0..2 {
+                    let xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, u[p], y));
+                    acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dp[p], d8), xy, acc[p][t]);
+                }
+            }
+        }
+        let mut out = [[0f32; A]; GROUP_ROWS];
+        for t in 0..A {
+            for p in 0..2 {
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), acc[p][t]);
+                for half in 0..2 {
+                    let mut l8 = [0f32; 8];
+                    l8.copy_from_slice(&lanes[8 * half..8 * half + 8]);
+                    out[2 * p + half][t] = super::hsum_float_8(l8);
+                }
+            }
+        }
+        out
+    }
+
     // `vpdpbusd` on the offset quants, starting from `-128 · Σ y`: the same sums.
     q8_kernel!(
         groups_range_vnni,
@@ -494,6 +598,9 @@ mod tests {
             && is_x86_feature_detected!("f16c")
         {
             k.push(Kernel::Avx2);
+            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                k.push(Kernel::Vnni);
+            }
         }
         if !k.contains(&Kernel::detect()) {
             k.push(Kernel::detect());
