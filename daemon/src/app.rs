@@ -19,15 +19,53 @@ use crate::tokenizer::{TextTokenizer, TokenizerActor};
 /// `RAYON_NUM_THREADS` when first used; this must run before any model code. `0` = one
 /// thread per available core.
 pub fn set_compute_threads(threads: usize) -> usize {
-    let n = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = if threads == 0 { cores } else { threads };
+    if n > cores {
+        tracing::warn!(
+            threads = n,
+            cores,
+            "model.threads exceeds the available cores: the compute threads busy-wait \
+             between kernels and will slow each other down; use 0 (one per core) or fewer"
+        );
+    }
     // Edition 2021: set_var is safe; nothing else reads the environment concurrently
     // this early in start-up.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     crate::model::team::set_threads(n)
+}
+
+/// The CPU KV pool lives in RAM beside the weights: refuse a `scheduler.kv_cache_bytes`
+/// larger than the machine's memory (`MemTotal` of `/proc/meminfo`) minus the model
+/// file, rather than let the pool exhaust memory under load. Where `/proc/meminfo` is
+/// unavailable the check is skipped.
+///
+/// # Errors
+/// The budget exceeds the bound (the message names the setting, both figures in bytes).
+fn check_kv_fits_in_ram(kv_cache_bytes: u64, model_path: &std::path::Path) -> anyhow::Result<()> {
+    let Some(mem_total) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| mem_total_bytes(&s))
+    else {
+        return Ok(());
+    };
+    let weights = std::fs::metadata(model_path).map_or(0, |m| m.len());
+    let bound = mem_total.saturating_sub(weights);
+    if kv_cache_bytes > bound {
+        anyhow::bail!(
+            "scheduler.kv_cache_bytes = {kv_cache_bytes} exceeds the memory left for the KV \
+             cache on this machine: {bound} bytes (MemTotal {mem_total} bytes minus the \
+             {weights}-byte model file); lower it"
+        );
+    }
+    Ok(())
+}
+
+/// `MemTotal` in bytes from the text of `/proc/meminfo` (`MemTotal:  123 kB`).
+fn mem_total_bytes(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 /// Loads everything and serves until SIGINT/SIGTERM.
@@ -105,6 +143,9 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             bytes_per_token * block_size
         );
     }
+    if loaded.model.device().is_cpu() {
+        check_kv_fits_in_ram(settings.scheduler.kv_cache_bytes, &settings.model.path)?;
+    }
     tracing::info!(
         kv_bytes_per_token = bytes_per_token,
         formula = format_args!(
@@ -174,4 +215,34 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         anyhow::Ok(())
     });
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total_parses_proc_meminfo() {
+        let text = "MemTotal:       24576000 kB\nMemFree:        1000 kB\n";
+        assert_eq!(mem_total_bytes(text), Some(24_576_000 * 1024));
+        assert_eq!(mem_total_bytes("MemFree: 1 kB\n"), None);
+        assert_eq!(mem_total_bytes("MemTotal: lots kB\n"), None);
+    }
+
+    #[test]
+    fn kv_budget_beyond_ram_is_refused_with_the_setting_named() {
+        let err = check_kv_fits_in_ram(1 << 40, std::path::Path::new("/nonexistent"));
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| mem_total_bytes(&s));
+        if total.is_some_and(|t| t < 1 << 40) {
+            let msg = format!("{:#}", err.expect_err("1 TiB exceeds this machine's RAM"));
+            assert!(
+                msg.contains("scheduler.kv_cache_bytes = 1099511627776"),
+                "{msg}"
+            );
+            assert!(msg.contains("MemTotal"), "{msg}");
+        }
+        assert!(check_kv_fits_in_ram(1 << 20, std::path::Path::new("/nonexistent")).is_ok());
+    }
 }

@@ -72,7 +72,8 @@ pub struct KvBlockPool {
 
 impl KvBlockPool {
     /// A pool of `num_blocks` blocks of `block_size` tokens for a model with `config`.
-    /// Host memory is allocated zeroed (the OS commits pages as they are first written).
+    /// Host memory is zero-filled here, so the whole budget is resident from start-up
+    /// (the daemon checks it against the machine's RAM first).
     ///
     /// # Errors
     /// `block_size` or `num_blocks` is 0, or the device allocation failed.
