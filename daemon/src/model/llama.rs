@@ -339,31 +339,14 @@ impl LlamaModel {
         seqs: &[ForwardSeq<'_>],
         pool: &mut KvBlockPool,
     ) -> candle_core::Result<Option<Tensor>> {
-        let ctx = self.config.context_length;
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut wanted = Vec::new();
-        for s in seqs {
-            if s.tokens.is_empty() {
-                candle_core::bail!("forward_batch: a sequence has no tokens");
-            }
-            let end = s.start_pos + s.tokens.len();
-            if end > ctx {
-                candle_core::bail!(
-                    "positions {}..{end} exceed the context window of {ctx} tokens",
-                    s.start_pos
-                );
-            }
-            pool.check_table(s)?;
-            ids.extend_from_slice(s.tokens);
-            positions.extend((s.start_pos..end).map(|p| p as u32));
-            if s.want_logits {
-                wanted.push((ids.len() - 1) as u32);
-            }
-        }
-        if ids.is_empty() {
+        let Some(BatchInputs {
+            ids,
+            positions,
+            wanted,
+        }) = self.batch_inputs(seqs, pool)?
+        else {
             return Ok(None);
-        }
+        };
         if pool.is_host() && self.device.is_cpu() {
             self.forward_host(&ids, &positions, &wanted, seqs, pool)
         } else {
@@ -382,21 +365,45 @@ impl LlamaModel {
         seqs: &[ForwardSeq<'_>],
         pool: &mut KvBlockPool,
     ) -> candle_core::Result<Option<Tensor>> {
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut wanted = Vec::new();
+        match self.batch_inputs(seqs, pool)? {
+            Some(b) => self.forward_ops(&b.ids, &b.positions, &b.wanted, seqs, pool),
+            None => Ok(None),
+        }
+    }
+
+    /// Checks the batch (no empty sequence, positions within the context window, block
+    /// tables inside the pool) and flattens it: token ids and positions in batch order,
+    /// and the rows whose logits are wanted. `None` for a batch without tokens.
+    fn batch_inputs(
+        &self,
+        seqs: &[ForwardSeq<'_>],
+        pool: &KvBlockPool,
+    ) -> candle_core::Result<Option<BatchInputs>> {
+        let ctx = self.config.context_length;
+        let mut b = BatchInputs {
+            ids: Vec::new(),
+            positions: Vec::new(),
+            wanted: Vec::new(),
+        };
         for s in seqs {
+            if s.tokens.is_empty() {
+                candle_core::bail!("forward_batch: a sequence has no tokens");
+            }
+            let end = s.start_pos + s.tokens.len();
+            if end > ctx {
+                candle_core::bail!(
+                    "positions {}..{end} exceed the context window of {ctx} tokens",
+                    s.start_pos
+                );
+            }
             pool.check_table(s)?;
-            ids.extend_from_slice(s.tokens);
-            positions.extend((s.start_pos..s.start_pos + s.tokens.len()).map(|p| p as u32));
+            b.ids.extend_from_slice(s.tokens);
+            b.positions.extend((s.start_pos..end).map(|p| p as u32));
             if s.want_logits {
-                wanted.push((ids.len() - 1) as u32);
+                b.wanted.push((b.ids.len() - 1) as u32);
             }
         }
-        if ids.is_empty() {
-            return Ok(None);
-        }
-        self.forward_ops(&ids, &positions, &wanted, seqs, pool)
+        Ok((!b.ids.is_empty()).then_some(b))
     }
 
     /// Embeddings of `ids`, `(T, n_embd)` row-major on the host.
@@ -666,6 +673,16 @@ impl LlamaModel {
             Tensor::cat(&[&rot, &pass], D::Minus1)?.contiguous()
         }
     }
+}
+
+/// A batch flattened for one forward pass (see [`LlamaModel::batch_inputs`]).
+struct BatchInputs {
+    /// Token ids, `(T,)`, sequences in batch order.
+    ids: Vec<u32>,
+    /// Position of each token.
+    positions: Vec<u32>,
+    /// Rows of `ids` whose logits are returned (each a sequence's last token).
+    wanted: Vec<u32>,
 }
 
 /// Where RoPE angles come from in one forward pass.

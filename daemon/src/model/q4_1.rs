@@ -267,49 +267,9 @@ impl Q4_1Matrix {
     }
 
     fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
-        if x.dtype() != DType::F32 {
-            candle_core::bail!(
-                "Q4_1Matrix::forward: expected f32 input, got {:?}",
-                x.dtype()
-            );
-        }
-        if !x.device().is_cpu() {
-            candle_core::bail!("Q4_1Matrix::forward: input must be on the CPU");
-        }
-        let dims = x.dims();
-        let Some((&last, lead)) = dims.split_last() else {
-            candle_core::bail!("Q4_1Matrix::forward: input is a scalar");
-        };
-        if last != self.k {
-            candle_core::bail!(
-                "Q4_1Matrix::forward: input shape {dims:?} incompatible with weight ({}, {})",
-                self.n,
-                self.k
-            );
-        }
-        let mut out_dims = lead.to_vec();
-        out_dims.push(self.n);
-        let rows: usize = lead.iter().product();
-        if rows == 0 || self.n == 0 {
-            return Tensor::zeros(out_dims, DType::F32, &Device::Cpu);
-        }
-
-        let x = x.contiguous()?;
-        let out = {
-            let (storage, layout) = x.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("Q4_1Matrix::forward: input must be on the CPU");
-            };
-            let Some((start, end)) = layout.contiguous_offsets() else {
-                candle_core::bail!("Q4_1Matrix::forward: input is not contiguous");
-            };
-            let all = cpu.as_slice::<f32>()?;
-            let Some(xs) = all.get(start..end) else {
-                candle_core::bail!("Q4_1Matrix::forward: input storage is too short");
-            };
+        matmul_tensor("Q4_1Matrix", x, (self.n, self.k), |xs, rows| {
             self.matmul_host_with(xs, rows, kernel)
-        };
-        Tensor::from_vec(out, out_dims, &Device::Cpu)
+        })
     }
 
     /// `y = x · Wᵀ` on host memory: `xs` is `(rows, k)` row-major f32, the result
@@ -403,6 +363,73 @@ impl Q4_1Matrix {
                 };
             }
         }
+    }
+}
+
+/// `y = x · Wᵀ` for a weight of shape `(n, k)` through `host` (which maps `(rows, k)`
+/// row-major f32 to `(rows, n)`): `x` of shape `(..., k)`, f32, on the CPU (made
+/// contiguous if it is not) gives `y` of shape `(..., n)`. `what` names the matrix type
+/// in errors.
+///
+/// # Errors
+/// `x` is not f32, not on the CPU, a scalar, or its last dimension is not `k`.
+pub(super) fn matmul_tensor(
+    what: &str,
+    x: &Tensor,
+    (n, k): (usize, usize),
+    host: impl FnOnce(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor> {
+    if x.dtype() != DType::F32 {
+        candle_core::bail!("{what}::forward: expected f32 input, got {:?}", x.dtype());
+    }
+    if !x.device().is_cpu() {
+        candle_core::bail!("{what}::forward: input must be on the CPU");
+    }
+    let dims = x.dims();
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("{what}::forward: input is a scalar");
+    };
+    if last != k {
+        candle_core::bail!(
+            "{what}::forward: input shape {dims:?} incompatible with weight ({n}, {k})"
+        );
+    }
+    let mut out_dims = lead.to_vec();
+    out_dims.push(n);
+    let rows: usize = lead.iter().product();
+    if rows == 0 || n == 0 {
+        return Tensor::zeros(out_dims, DType::F32, &Device::Cpu);
+    }
+    let x = x.contiguous()?;
+    let out = {
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("{what}::forward: input must be on the CPU");
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("{what}::forward: input is not contiguous");
+        };
+        let all = cpu.as_slice::<f32>()?;
+        let Some(xs) = all.get(start..end) else {
+            candle_core::bail!("{what}::forward: input storage is too short");
+        };
+        host(xs, rows)
+    };
+    Tensor::from_vec(out, out_dims, &Device::Cpu)
+}
+
+/// Stores a tile computed for the 4 rows of a row group against activation rows
+/// `a0 .. a0 + A`: `out_g[r * m + a0 + t] = y[r][t]` (`out_g` weight-row major, `m`
+/// activation rows). Shared by the Q4_1 and Q8_0 kernels.
+#[inline(always)]
+pub(super) fn store_tile<const A: usize>(
+    out_g: &mut [f32],
+    m: usize,
+    a0: usize,
+    y: &[[f32; A]; 4],
+) {
+    for (r, yr) in y.iter().enumerate() {
+        out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
     }
 }
 
@@ -679,7 +706,7 @@ mod ggml_avx2 {
     //! The ggml-order kernel with AVX2 + FMA. Callers check both with
     //! `is_x86_feature_detected!` first.
 
-    use super::{Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS, QK};
+    use super::{store_tile as store, Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS, QK};
     use std::arch::x86_64::*;
 
     /// Records (80 bytes each) fetched ahead of the one being computed.
@@ -884,14 +911,6 @@ mod ggml_avx2 {
         };
     }
 
-    /// `out_g[r * m + a0 + t] = y[r][t]` for one group's rows.
-    #[inline(always)]
-    fn store<const A: usize>(out_g: &mut [f32], m: usize, a0: usize, y: &[[f32; A]; GROUP_ROWS]) {
-        for (r, yr) in y.iter().enumerate() {
-            out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
-        }
-    }
-
     // `maddubs` (u8 × i8 pairs → i16; at most 2 · 15 · 127, no saturation) then `madd`
     // with ones (→ i32 per 4 values), as ggml's `mul_sum_us8_pairs_float` without VNNI.
     ggml_kernel!(rows_range, tile, "avx2,fma,f16c", |qx, qy| {
@@ -911,7 +930,7 @@ mod ggml_avx512 {
     //! ggml's order on 512-bit registers. Callers check AVX2, FMA, F16C and AVX-512
     //! F/BW/VL/VNNI first.
 
-    use super::{Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS};
+    use super::{store_tile as store, Group4, Q4_1Matrix, Q8_1Rows, GROUP_ROWS};
     use std::arch::x86_64::*;
 
     /// Records (80 bytes each) fetched ahead in single-row (decode) tiles.
@@ -939,14 +958,6 @@ mod ggml_avx512 {
             if m - a0 >= 1 {
                 store(out_g, m, a0, &tile::<1>(w, g, act, a0));
             }
-        }
-    }
-
-    /// `out_g[r * m + a0 + t] = y[r][t]`.
-    #[inline(always)]
-    fn store<const A: usize>(out_g: &mut [f32], m: usize, a0: usize, y: &[[f32; A]; GROUP_ROWS]) {
-        for (r, yr) in y.iter().enumerate() {
-            out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
         }
     }
 

@@ -19,9 +19,11 @@
 
 use super::team;
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Result, Storage, Tensor};
+use candle_core::{Result, Tensor};
 
-use super::q4_1::{block_amax, f16_bits_to_f32, f32_to_f16_bits, transpose, PAR_MIN_BLOCK_DOTS};
+use super::q4_1::{
+    block_amax, f16_bits_to_f32, f32_to_f16_bits, matmul_tensor, transpose, PAR_MIN_BLOCK_DOTS,
+};
 
 /// Values per Q8_0 block.
 const QK: usize = 32;
@@ -195,38 +197,9 @@ impl Q8_0Matrix {
     /// # Errors
     /// `x` not f32, not on the CPU, a scalar, or its last dimension not `k`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let Some((&last, lead)) = dims.split_last() else {
-            candle_core::bail!("Q8_0Matrix::forward: input is a scalar");
-        };
-        if last != self.k || x.dtype() != candle_core::DType::F32 || !x.device().is_cpu() {
-            candle_core::bail!(
-                "Q8_0Matrix::forward: input {dims:?} {:?} on {:?} for weight ({}, {})",
-                x.dtype(),
-                x.device().location(),
-                self.n,
-                self.k
-            );
-        }
-        let rows: usize = lead.iter().product();
-        let mut out_dims = lead.to_vec();
-        out_dims.push(self.n);
-        let x = x.contiguous()?;
-        let out = {
-            let (storage, layout) = x.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("Q8_0Matrix::forward: input must be on the CPU");
-            };
-            let Some((start, end)) = layout.contiguous_offsets() else {
-                candle_core::bail!("Q8_0Matrix::forward: input is not contiguous");
-            };
-            let all = cpu.as_slice::<f32>()?;
-            let Some(xs) = all.get(start..end) else {
-                candle_core::bail!("Q8_0Matrix::forward: input storage is too short");
-            };
+        matmul_tensor("Q8_0Matrix", x, (self.n, self.k), |xs, rows| {
             self.matmul_host(xs, rows)
-        };
-        Tensor::from_vec(out, out_dims, &Device::Cpu)
+        })
     }
 
     /// `y = x · Wᵀ` on host memory: `xs` `(rows, k)` row-major → `(rows, n)`.
@@ -355,6 +328,7 @@ fn quantize(xs: &[f32], rows: usize, k: usize) -> Q8_0Rows {
 mod x86 {
     //! The SIMD kernels; callers check the target features first.
 
+    use super::super::q4_1::store_tile as store;
     use super::{Group4, Q8_0Matrix, Q8_0Rows, GROUP_ROWS};
     use std::arch::x86_64::*;
 
@@ -439,14 +413,6 @@ mod x86 {
                 out
             }
         };
-    }
-
-    /// `out_g[r * m + a0 + t] = y[r][t]`.
-    #[inline(always)]
-    fn store<const A: usize>(out_g: &mut [f32], m: usize, a0: usize, y: &[[f32; A]; GROUP_ROWS]) {
-        for (r, yr) in y.iter().enumerate() {
-            out_g[r * m + a0..r * m + a0 + A].copy_from_slice(yr);
-        }
     }
 
     // ggml's `mul_sum_i8_pairs_float` without VNNI: back to signed quants, then
@@ -571,7 +537,7 @@ mod x86 {
 mod tests {
     use super::*;
     use candle_core::quantized::QMatMul;
-    use candle_core::Module;
+    use candle_core::{Device, Module};
 
     fn random(len: usize, seed: u64) -> Vec<f32> {
         let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
