@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Fetches the default model and starts the daemon on it (release build), with the
-# default config. Extra arguments go to `inferd serve` (e.g. --listen 0.0.0.0:8080).
+# Fetches the default model, builds the bundled Wasm plugins into target/plugins, and
+# starts the daemon on it (release build), with the default config. Extra arguments go to `inferd serve` (e.g. --listen 0.0.0.0:8080).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-model.sh
+scripts/build-plugins.sh
 cargo build --release -p inferd -p inferd-cli
 exec target/release/inferd serve --config configs/inferd.toml "$@"

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Runs every test: fetches the model, checks formatting, builds the binaries the
-# end-to-end tests start, runs unit and end-to-end tests over the whole workspace, then
-# clippy with warnings as errors. Ends with one summary line "N passed, N failed".
+# Runs every test: fetches the model, builds the bundled Wasm plugins (installing their
+# toolchains when missing), checks formatting, builds the binaries the end-to-end tests
+# start, runs unit and end-to-end tests over the whole workspace, then clippy with
+# warnings as errors (the daemon's workspace and the plugins' own). Ends with one
+# summary line "N passed, N failed".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-model.sh
+scripts/build-plugins.sh
 cargo fmt --all -- --check
+cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
 cargo build --workspace --bins
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml \
+    --target-dir target/plugins-build -- -D warnings
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

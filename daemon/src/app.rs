@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use crate::config::Settings;
 use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
+use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
 use crate::server::{serve, Engine};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
@@ -161,6 +162,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
     let runner = Arc::new(Mutex::new(Some(ModelRunner::new(loaded.model, pool))));
+    let plugins = Arc::new(load_plugins(&settings, &tokenizer)?);
     let system = actix::System::new();
     let result = system.block_on(async move {
         let runner_addr = SyncArbiter::start(1, move || {
@@ -187,12 +189,18 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         let tok = tokenizer.clone();
         let sched_for_tok = scheduler.clone();
         let sched_for_util = scheduler.clone();
+        let plugins_for_tok = plugins.clone();
         let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-            TokenizerActor::new(tok.clone(), sched_for_tok.clone())
+            TokenizerActor::new(tok.clone(), sched_for_tok.clone(), plugins_for_tok.clone())
         });
         let tok_util = tokenizer.clone();
+        let plugins_for_util = plugins.clone();
         let utility_tokenizer = SyncArbiter::start(1, move || {
-            TokenizerActor::new(tok_util.clone(), sched_for_util.clone())
+            TokenizerActor::new(
+                tok_util.clone(),
+                sched_for_util.clone(),
+                plugins_for_util.clone(),
+            )
         });
         let listener = TcpListener::bind(addr)
             .await
@@ -208,6 +216,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             defaults: settings.sampling.clone(),
             vocab_size: tokenizer.vocab_size(),
             max_message_bytes: settings.server.max_message_bytes,
+            plugins,
         };
         serve(listener, engine, crate::shutdown::signal()).await;
         tracing::info!("shutting down");
@@ -215,6 +224,29 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         anyhow::Ok(())
     });
     result
+}
+
+/// Compiles the plugins in `plugins.dir` (see [`PluginRegistry::load_dir`]); a file
+/// that fails to load is logged as an error and skipped.
+///
+/// # Errors
+/// When the Wasm engine cannot start or the directory exists but cannot be read.
+fn load_plugins(settings: &Settings, tokenizer: &TextTokenizer) -> anyhow::Result<PluginRegistry> {
+    let started = std::time::Instant::now();
+    let vocab = Arc::new(PluginVocab::from_tokenizer(tokenizer));
+    let (registry, errors) =
+        PluginRegistry::load_dir(&settings.plugins.dir, vocab, settings.plugins.limits())?;
+    for e in &errors {
+        tracing::error!(file = %e.path.display(), reason = %e.reason, "plugin not loaded");
+    }
+    tracing::info!(
+        dir = %settings.plugins.dir.display(),
+        loaded = registry.list().len(),
+        failed = errors.len(),
+        load_ms = started.elapsed().as_millis() as u64,
+        "plugins"
+    );
+    Ok(registry)
 }
 
 #[cfg(test)]

@@ -157,6 +157,53 @@ impl Default for TokenizerConfig {
     }
 }
 
+/// `[plugins]`: WebAssembly logits-processor and sampler plugins.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// Directory whose `*.wasm` components are loaded at start-up (relative paths are
+    /// relative to the working directory). Missing: no plugins (a warning is logged).
+    pub dir: PathBuf,
+    /// Wall-clock deadline of one `process`/`sample` call, milliseconds.
+    #[serde(deserialize_with = "whole_number")]
+    pub call_deadline_ms: u64,
+    /// Wall-clock deadline of `info` (at load) and `configure` (per request), milliseconds.
+    #[serde(deserialize_with = "whole_number")]
+    pub configure_deadline_ms: u64,
+    /// Largest linear memory of one plugin instance, bytes.
+    #[serde(deserialize_with = "whole_number")]
+    pub memory_bytes: u64,
+    /// `log` lines kept per request and plugin; the rest are dropped and counted.
+    #[serde(deserialize_with = "whole_number")]
+    pub log_lines_per_request: u32,
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        let d = crate::sampling::wasm_plugin::PluginLimits::default();
+        Self {
+            dir: PathBuf::from("target/plugins"),
+            call_deadline_ms: d.call_deadline.as_millis() as u64,
+            configure_deadline_ms: d.configure_deadline.as_millis() as u64,
+            memory_bytes: d.memory_bytes as u64,
+            log_lines_per_request: d.log_lines_per_request,
+        }
+    }
+}
+
+impl PluginsConfig {
+    /// The sandbox limits these settings describe.
+    pub fn limits(&self) -> crate::sampling::wasm_plugin::PluginLimits {
+        crate::sampling::wasm_plugin::PluginLimits {
+            call_deadline: std::time::Duration::from_millis(self.call_deadline_ms),
+            configure_deadline: std::time::Duration::from_millis(self.configure_deadline_ms),
+            memory_bytes: usize::try_from(self.memory_bytes).unwrap_or(usize::MAX),
+            log_lines_per_request: self.log_lines_per_request,
+            ..Default::default()
+        }
+    }
+}
+
 /// `[log]`: logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -188,6 +235,8 @@ pub struct Settings {
     pub sampling: SamplingDefaults,
     /// Tokenizer pool.
     pub tokenizer: TokenizerConfig,
+    /// Wasm plugins.
+    pub plugins: PluginsConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -323,6 +372,31 @@ impl Settings {
             return bad(format!(
                 "tokenizer.threads must be in [1, 64] (got {})",
                 self.tokenizer.threads
+            ));
+        }
+        let p = &self.plugins;
+        if !(1..=10_000).contains(&p.call_deadline_ms) {
+            return bad(format!(
+                "plugins.call_deadline_ms must be in [1, 10000] (got {})",
+                p.call_deadline_ms
+            ));
+        }
+        if !(1..=60_000).contains(&p.configure_deadline_ms) {
+            return bad(format!(
+                "plugins.configure_deadline_ms must be in [1, 60000] (got {})",
+                p.configure_deadline_ms
+            ));
+        }
+        if !((1 << 20)..=(4u64 << 30)).contains(&p.memory_bytes) {
+            return bad(format!(
+                "plugins.memory_bytes must be in [1048576, 4294967296] (got {})",
+                p.memory_bytes
+            ));
+        }
+        if p.log_lines_per_request > 1_000_000 {
+            return bad(format!(
+                "plugins.log_lines_per_request must be in [0, 1000000] (got {})",
+                p.log_lines_per_request
             ));
         }
         let s = &self.sampling;

@@ -110,7 +110,10 @@ impl Daemon {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // The bundled plugins, built by scripts/build-plugins.sh (absolute: the
+            // daemon's working directory is the test's).
+            .env("INFERD__PLUGINS__DIR", plugins_dir());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -170,6 +173,13 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Where the bundled plugins are: `$INFERD_PLUGINS_DIR` or `target/plugins/` (built by
+/// `scripts/build-plugins.sh`, which the test command runs first).
+pub fn plugins_dir() -> PathBuf {
+    std::env::var_os("INFERD_PLUGINS_DIR")
+        .map_or_else(|| workspace_root().join("target/plugins"), PathBuf::from)
 }
 
 /// Runs `inferd serve` expecting it to fail at start-up; returns (exit code, stderr).

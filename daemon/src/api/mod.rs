@@ -13,7 +13,7 @@ use crate::error::InferError;
 use crate::request::GenerateRequest;
 
 pub use validate::parse_client_message;
-pub use wire::{error_frame, event_frame, stats_frame, text_frame, tokens_frame};
+pub use wire::{error_frame, event_frame, plugins_frame, stats_frame, text_frame, tokens_frame};
 
 /// Sampling values applied when a `generate` message leaves a field out (from the
 /// daemon config, section `[sampling]` or similar).
@@ -85,6 +85,11 @@ pub enum ClientMessage {
         /// Optional client id, echoed in the answer.
         id: Option<String>,
     },
+    /// `plugins`: answer with the loaded Wasm plugins in a `plugins` frame.
+    Plugins {
+        /// Optional client id, echoed in the answer.
+        id: Option<String>,
+    },
 }
 
 impl ClientMessage {
@@ -95,7 +100,7 @@ impl ClientMessage {
             ClientMessage::Cancel { id }
             | ClientMessage::Tokenize { id, .. }
             | ClientMessage::Detokenize { id, .. } => Some(id),
-            ClientMessage::Stats { id } => id.as_deref(),
+            ClientMessage::Stats { id } | ClientMessage::Plugins { id } => id.as_deref(),
         }
     }
 }

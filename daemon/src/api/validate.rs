@@ -9,7 +9,7 @@ use serde_json::{Map, Number, Value};
 
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
-use crate::request::{ChatMessage, GenerateRequest, PromptInput, SamplingParams};
+use crate::request::{ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams};
 
 /// Longest accepted `id`, in characters.
 pub const MAX_ID_CHARS: usize = 256;
@@ -37,7 +37,13 @@ const GENERATE_FIELDS: &[&str] = &[
     "min_p",
     "seed",
     "stop",
+    "plugins",
 ];
+const PLUGIN_ENTRY_FIELDS: &[&str] = &["name", "config"];
+/// Most plugins one request may name.
+pub const MAX_PLUGINS_PER_REQUEST: usize = 8;
+/// Longest `config` of one plugin entry, as JSON text, bytes.
+pub const MAX_PLUGIN_CONFIG_BYTES: usize = 64 * 1024;
 const CANCEL_FIELDS: &[&str] = &["type", "id"];
 const STATS_FIELDS: &[&str] = &["type", "id"];
 const TOKENIZE_FIELDS: &[&str] = &["type", "id", "text", "special"];
@@ -79,15 +85,19 @@ pub fn parse_client_message(
         error,
     };
     let kind = message_type(obj).map_err(with_id)?;
-    if let MessageType::Stats = kind {
-        // `{"type":"stats"}`: the id is optional and only echoed.
+    if let MessageType::Stats | MessageType::Plugins = kind {
+        // `{"type":"stats"}` and `{"type":"plugins"}`: the id is optional and only echoed.
         let id = match obj.get("id") {
             None | Some(Value::Null) => None,
             Some(_) => Some(id.map_err(with_id)?),
         };
-        return check_fields(obj, STATS_FIELDS, "stats message")
-            .map(|()| ClientMessage::Stats { id })
-            .map_err(with_id);
+        return if let MessageType::Stats = kind {
+            check_fields(obj, STATS_FIELDS, "stats message").map(|()| ClientMessage::Stats { id })
+        } else {
+            check_fields(obj, STATS_FIELDS, "plugins message")
+                .map(|()| ClientMessage::Plugins { id })
+        }
+        .map_err(with_id);
     }
     let id = id.map_err(with_id)?;
     let result = match kind {
@@ -97,6 +107,7 @@ pub fn parse_client_message(
         MessageType::Tokenize => parse_tokenize(obj, id),
         MessageType::Detokenize => parse_detokenize(obj, id, vocab_size),
         MessageType::Stats => Ok(ClientMessage::Stats { id: Some(id) }),
+        MessageType::Plugins => Ok(ClientMessage::Plugins { id: Some(id) }),
     };
     result.map_err(with_id)
 }
@@ -131,6 +142,7 @@ pub(super) fn check_defaults(d: &SamplingDefaults, vocab_size: usize) -> VResult
 
 #[derive(Debug, Clone, Copy)]
 enum MessageType {
+    Plugins,
     Generate,
     Cancel,
     Tokenize,
@@ -141,7 +153,7 @@ enum MessageType {
 fn message_type(obj: &Map<String, Value>) -> VResult<MessageType> {
     match obj.get("type") {
         None | Some(Value::Null) => Err(InferError::validation(
-            "missing field \"type\" (expected one of generate, cancel, tokenize, detokenize, stats)",
+            "missing field \"type\" (expected one of generate, cancel, tokenize, detokenize, stats, plugins)",
         )),
         Some(Value::String(s)) => match s.as_str() {
             "generate" => Ok(MessageType::Generate),
@@ -149,8 +161,9 @@ fn message_type(obj: &Map<String, Value>) -> VResult<MessageType> {
             "tokenize" => Ok(MessageType::Tokenize),
             "detokenize" => Ok(MessageType::Detokenize),
             "stats" => Ok(MessageType::Stats),
+            "plugins" => Ok(MessageType::Plugins),
             _ => Err(InferError::validation(format!(
-                "unknown message type {} (expected one of generate, cancel, tokenize, detokenize, stats)",
+                "unknown message type {} (expected one of generate, cancel, tokenize, detokenize, stats, plugins)",
                 quote_str(s)
             ))),
         },
@@ -223,11 +236,73 @@ fn parse_generate(
         (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
     };
     let sampling = parse_sampling(obj, defaults, vocab_size)?;
+    let plugins = match optional(obj, "plugins") {
+        None => Vec::new(),
+        Some(v) => parse_plugins(v)?,
+    };
     Ok(ClientMessage::Generate(GenerateRequest {
         client_id: id,
         input,
         sampling,
+        plugins,
     }))
+}
+
+/// `plugins`: an array of `{"name": string, "config": any JSON (default {})}`. Whether
+/// the name is loaded and the config acceptable is decided by the plugin host when the
+/// request is prepared (the plugin validates its own config).
+fn parse_plugins(v: &Value) -> VResult<Vec<PluginSpec>> {
+    let Value::Array(entries) = v else {
+        return Err(InferError::validation(format!(
+            "plugins must be an array of {{\"name\", \"config\"}} objects (got {})",
+            quote(v)
+        )));
+    };
+    if entries.len() > MAX_PLUGINS_PER_REQUEST {
+        return Err(InferError::validation(format!(
+            "plugins must have at most {MAX_PLUGINS_PER_REQUEST} entries (got {})",
+            entries.len()
+        )));
+    }
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let Value::Object(entry) = e else {
+                return Err(InferError::validation(format!(
+                    "plugins[{i}] must be an object with \"name\" and optional \"config\" (got {})",
+                    quote(e)
+                )));
+            };
+            check_fields(entry, PLUGIN_ENTRY_FIELDS, &format!("plugins[{i}]"))?;
+            let name = match entry.get("name") {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(other) => {
+                    return Err(InferError::validation(format!(
+                        "plugins[{i}].name must be a non-empty string (got {})",
+                        quote(other)
+                    )))
+                }
+                None => {
+                    return Err(InferError::validation(format!(
+                        "plugins[{i}].name is required"
+                    )))
+                }
+            };
+            let config = match entry.get("config") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(c) => c.to_string(),
+            };
+            if config.len() > MAX_PLUGIN_CONFIG_BYTES {
+                return Err(InferError::validation(format!(
+                    "plugins[{i}].config must be at most {MAX_PLUGIN_CONFIG_BYTES} bytes of JSON \
+                     (got {})",
+                    config.len()
+                )));
+            }
+            Ok(PluginSpec { name, config })
+        })
+        .collect()
 }
 
 fn parse_prompt(v: &Value) -> VResult<String> {

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::error::{ErrorKind, InferError};
 use crate::request::{FinishReason, StreamEvent, Timings, Usage};
+use crate::sampling::wasm_plugin::PluginDescription;
 use crate::scheduler::EngineStats;
 
 /// Sent in the unlikely case a frame fails to serialize (it cannot with these types).
@@ -129,6 +130,19 @@ pub fn stats_frame(id: Option<&str>, stats: &EngineStats) -> String {
         map.insert("id".into(), id.map_or(serde_json::Value::Null, Into::into));
     }
     v.to_string()
+}
+
+/// The JSON text of a `plugins` frame:
+/// `{"type":"plugins","id":…,"interface":"inferd:plugin@0.1.0","plugins":[{name, world,
+/// version, description, interface, file}, …]}` (sorted by name).
+pub fn plugins_frame(id: Option<&str>, plugins: &[PluginDescription]) -> String {
+    serde_json::json!({
+        "type": "plugins",
+        "id": id,
+        "interface": crate::sampling::wasm_plugin::INTERFACE,
+        "plugins": plugins,
+    })
+    .to_string()
 }
 
 #[cfg(test)]

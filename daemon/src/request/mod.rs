@@ -101,6 +101,16 @@ impl SamplingParams {
     }
 }
 
+/// One entry of a request's `plugins` list: a loaded plugin's name and its config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSpec {
+    /// The plugin's name (as `info` declares it; listed by the `plugins` message).
+    pub name: String,
+    /// The entry's `config` as JSON text (`{}` when omitted), passed to the plugin's
+    /// `configure`, which validates it.
+    pub config: String,
+}
+
 /// A validated generate request as it enters the tokenizer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateRequest {
@@ -110,6 +120,9 @@ pub struct GenerateRequest {
     pub input: PromptInput,
     /// Sampling parameters.
     pub sampling: SamplingParams,
+    /// Wasm plugins applied at every decode step, in order (processors, then at most one
+    /// sampler, last). Empty for none.
+    pub plugins: Vec<PluginSpec>,
 }
 
 /// Why generation ended (`done.finish_reason`).

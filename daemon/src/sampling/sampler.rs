@@ -92,6 +92,12 @@ impl Sampler {
         self.greedy
     }
 
+    /// One uniform draw in `[0, 1)` from this sequence's RNG (the draw a sampler plugin
+    /// receives each step, in place of the native draw).
+    pub fn next_uniform(&mut self) -> f64 {
+        self.rng.random()
+    }
+
     /// Samples the next token id from one full logits row (`len` = vocabulary size,
     /// raw unnormalised f32 logits). NaN logits count as −∞ (never sampled); `+∞`
     /// logits are treated as the largest finite value.

@@ -179,7 +179,7 @@ impl SchedulerActor {
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
-            let Some(logits) = logits else {
+            let Some(mut logits) = logits else {
                 if let Some(s) = self.scheduler.remove_running(item.seq) {
                     self.fail(
                         s,
@@ -190,7 +190,7 @@ impl SchedulerActor {
                 }
                 continue;
             };
-            let token = match seq.sample(&logits) {
+            let token = match seq.sample(&mut logits) {
                 Ok(t) => t,
                 Err(e) => {
                     if let Some(s) = self.scheduler.remove_running(item.seq) {

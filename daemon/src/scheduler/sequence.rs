@@ -7,6 +7,7 @@ use crate::error::InferError;
 use crate::request::{
     CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent, Timings, Usage,
 };
+use crate::sampling::wasm_plugin::{PluginChain, StepView};
 use crate::sampling::Sampler;
 
 /// A tokenized request on its way from the tokenizer to the scheduler.
@@ -20,6 +21,8 @@ pub struct TokenizedRequest {
     pub prompt: Vec<u32>,
     /// Validated sampling parameters.
     pub sampling: SamplingParams,
+    /// The request's plugin instances (configured), if it named any.
+    pub plugins: Option<PluginChain>,
     /// Where events go.
     pub events: EventSender,
     /// Set when the client cancels or disconnects.
@@ -56,6 +59,7 @@ pub struct Sequence {
     /// Generation budget: `min(max_tokens, context_window − prompt length)`, tokens.
     pub max_new_tokens: usize,
     sampler: Sampler,
+    plugins: Option<PluginChain>,
     output: OutputStream,
     events: EventSender,
     /// Cancellation flag.
@@ -78,6 +82,7 @@ impl Sequence {
             id: req.seq,
             client_id: req.client_id,
             sampler: Sampler::new(&req.sampling),
+            plugins: req.plugins,
             output: OutputStream::new(req.sampling.stop.clone()),
             prompt: req.prompt,
             generated: Vec::new(),
@@ -141,12 +146,28 @@ impl Sequence {
         });
     }
 
-    /// Samples the next token from `logits` `(vocab_size,)`.
+    /// Samples the next token from `logits` `(vocab_size,)`: the request's logits
+    /// processor plugins edit the row in place, then its sampler plugin (if any, with one
+    /// uniform draw from the request's seeded RNG) or the native sampler chooses.
     ///
     /// # Errors
-    /// The sampler's error (e.g. every logit NaN).
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, InferError> {
-        self.sampler.sample(logits)
+    /// `plugin_trap` from a plugin; the native sampler's error (e.g. every logit NaN).
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, InferError> {
+        let Some(chain) = self.plugins.as_mut() else {
+            return self.sampler.sample(logits);
+        };
+        let step = StepView {
+            sequence_id: self.id.0,
+            prompt_tokens: self.prompt.len(),
+            generated: &self.generated,
+        };
+        chain.process(&step, logits)?;
+        if chain.has_sampler() {
+            let u = self.sampler.next_uniform();
+            chain.sample(&step, logits, u)
+        } else {
+            self.sampler.sample(logits)
+        }
     }
 
     /// Records the sampled `token` (whose raw bytes are `bytes`; `is_eog` for an

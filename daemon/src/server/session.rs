@@ -10,6 +10,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Addr;
@@ -27,6 +28,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::api::{self, ClientMessage, SamplingDefaults};
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, SeqId, StreamEvent};
+use crate::sampling::wasm_plugin::PluginRegistry;
 use crate::scheduler::{Cancel, GetStats, SchedulerActor};
 use crate::tokenizer::actor::{Decode, Encode, Prepare};
 use crate::tokenizer::TokenizerActor;
@@ -57,6 +59,8 @@ pub struct Engine {
     pub vocab_size: usize,
     /// Largest accepted message, bytes.
     pub max_message_bytes: usize,
+    /// The loaded Wasm plugins (for the `plugins` message).
+    pub plugins: Arc<PluginRegistry>,
 }
 
 /// An active request of one connection.
@@ -279,6 +283,10 @@ async fn handle_text(
                 let _ = out.send(Message::text(frame)).await;
                 drop(guard);
             });
+        }
+        ClientMessage::Plugins { id } => {
+            let frame = api::plugins_frame(id.as_deref(), &engine.plugins.list());
+            let _ = out.send(Message::text(frame)).await;
         }
         ClientMessage::Detokenize { id, token_ids } => {
             let tok = engine.utility_tokenizer.clone();

@@ -8,6 +8,7 @@ use actix::{Actor, Addr, Handler, Message, SyncContext};
 
 use crate::error::InferError;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
+use crate::sampling::wasm_plugin::PluginRegistry;
 use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
 
 use super::TextTokenizer;
@@ -51,14 +52,21 @@ pub struct Decode {
 pub struct TokenizerActor {
     tokenizer: Arc<TextTokenizer>,
     scheduler: Addr<SchedulerActor>,
+    plugins: Arc<PluginRegistry>,
 }
 
 impl TokenizerActor {
-    /// A tokenizer worker that forwards to `scheduler`.
-    pub fn new(tokenizer: Arc<TextTokenizer>, scheduler: Addr<SchedulerActor>) -> Self {
+    /// A tokenizer worker that forwards to `scheduler`, instantiating each request's
+    /// plugins from `plugins`.
+    pub fn new(
+        tokenizer: Arc<TextTokenizer>,
+        scheduler: Addr<SchedulerActor>,
+        plugins: Arc<PluginRegistry>,
+    ) -> Self {
         Self {
             tokenizer,
             scheduler,
+            plugins,
         }
     }
 
@@ -92,12 +100,23 @@ impl Handler<Prepare> for TokenizerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        match self.prompt_ids(&msg.request.input) {
-            Ok(prompt) => self.scheduler.do_send(Submit(TokenizedRequest {
+        // The request's plugin instances are created and configured here, off the
+        // engine loop; a bad config is a validation error before anything is queued.
+        let prepared = self.prompt_ids(&msg.request.input).and_then(|prompt| {
+            let plugins = self.plugins.instantiate(
+                &msg.request.plugins,
+                msg.request.sampling.seed,
+                &msg.request.client_id,
+            )?;
+            Ok((prompt, plugins))
+        });
+        match prepared {
+            Ok((prompt, plugins)) => self.scheduler.do_send(Submit(TokenizedRequest {
                 seq: msg.seq,
                 client_id: msg.request.client_id,
                 prompt,
                 sampling: msg.request.sampling,
+                plugins,
                 events: msg.events,
                 cancel: msg.cancel,
                 received_at: msg.received_at,

@@ -402,6 +402,7 @@ fn full_generate_example() {
                 max_tokens: 64,
                 stop: vec!["\n\n".into()],
             },
+            plugins: vec![],
         })
     );
 }
@@ -907,4 +908,90 @@ fn protocol_doc_client_examples_parse() {
         checked += 1;
     }
     assert_eq!(checked, 5, "client examples in docs/protocol.md");
+}
+
+fn plugin_specs(v: Value) -> Vec<crate::request::PluginSpec> {
+    match ok(v) {
+        ClientMessage::Generate(req) => req.plugins,
+        other => panic!("expected generate, got {other:?}"),
+    }
+}
+
+#[test]
+fn plugins_list_parses_names_and_config_text() {
+    let specs = plugin_specs(generate(json!({"plugins": [
+        {"name": "ban_words", "config": {"words": ["Paris"]}},
+        {"name": "mirostat"},
+        {"name": "noop", "config": null}
+    ]})));
+    let got: Vec<(&str, &str)> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.config.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("ban_words", r#"{"words":["Paris"]}"#),
+            ("mirostat", "{}"),
+            ("noop", "{}")
+        ]
+    );
+    assert!(plugin_specs(generate(json!({"plugins": []}))).is_empty());
+    assert!(plugin_specs(generate(json!({"plugins": null}))).is_empty());
+}
+
+#[test]
+fn bad_plugins_lists_are_rejected_naming_the_entry() {
+    invalid(
+        generate(json!({"plugins": {"name": "x"}})),
+        "plugins must be an array",
+    );
+    invalid(
+        generate(json!({"plugins": ["ban_words"]})),
+        "plugins[0] must be an object with \"name\"",
+    );
+    invalid(
+        generate(json!({"plugins": [{"name": "a"}, {"config": {}}]})),
+        "plugins[1].name is required",
+    );
+    invalid(
+        generate(json!({"plugins": [{"name": ""}]})),
+        "plugins[0].name must be a non-empty string (got \"\")",
+    );
+    invalid(
+        generate(json!({"plugins": [{"name": 7}]})),
+        "plugins[0].name must be a non-empty string (got 7)",
+    );
+    invalid(
+        generate(json!({"plugins": [{"name": "a", "cfg": {}}]})),
+        "unknown field \"cfg\" in plugins[0]",
+    );
+    let nine: Vec<Value> = (0..9).map(|_| json!({"name": "noop"})).collect();
+    invalid(
+        generate(json!({ "plugins": nine })),
+        "plugins must have at most 8 entries (got 9)",
+    );
+    let big = "x".repeat(70_000);
+    invalid(
+        generate(json!({"plugins": [{"name": "a", "config": {"s": big}}]})),
+        "plugins[0].config must be at most 65536 bytes of JSON (got 70008)",
+    );
+}
+
+#[test]
+fn plugins_message_has_an_optional_id() {
+    assert_eq!(
+        ok(json!({"type": "plugins"})),
+        ClientMessage::Plugins { id: None }
+    );
+    assert_eq!(
+        ok(json!({"type": "plugins", "id": "p"})),
+        ClientMessage::Plugins {
+            id: Some("p".into())
+        }
+    );
+    invalid(
+        json!({"type": "plugins", "verbose": true}),
+        "unknown field \"verbose\" in plugins message",
+    );
 }

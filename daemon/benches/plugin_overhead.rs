@@ -1,0 +1,357 @@
+//! Wasm plugin overhead, in one run:
+//!
+//! 1. Per-step cost of a plugin chain (`PluginChain::process`: copy the logits into the
+//!    guest, run it, apply its edit) for the `noop` and `ban_words` plugins at
+//!    vocabulary sizes 49,152 and 151,936 (synthetic vocabularies and logits).
+//! 2. End-to-end single-stream greedy decode on the default model without a plugin,
+//!    with `noop` and with `ban_words` (real vocabulary), interleaved in rounds (best
+//!    of each) so machine noise hits all three alike; overhead = 1 − tok/s with the
+//!    plugin ÷ tok/s without.
+//! 3. Deadline enforcement: how long after its deadline a never-returning plugin
+//!    (`busy_loop`) is stopped.
+//!
+//! ```text
+//! bash scripts/build-plugins.sh && cargo bench -p inferd --bench plugin_overhead
+//! ```
+//! Prints a table and writes `target/bench/plugin_overhead.json`. Plugins from
+//! `INFERD_PLUGINS_DIR` or `target/plugins/`; model from `INFERD_TEST_MODEL` or
+//! `models/SmolLM2-135M-Instruct.Q4_1.gguf`; `INFERD_BENCH_DECODE` decode steps per
+//! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 5).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+use inferd::model::{load_gguf, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use inferd::request::PluginSpec;
+use inferd::sampling::argmax;
+use inferd::sampling::wasm_plugin::{
+    PluginChain, PluginLimits, PluginRegistry, PluginSpecialTokens, PluginVocab, StepView,
+};
+use inferd::tokenizer::TextTokenizer;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn size(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn plugin_dir() -> PathBuf {
+    std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+        PathBuf::from,
+    )
+}
+
+fn model_path() -> PathBuf {
+    std::env::var("INFERD_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+fn registry(vocab: PluginVocab, limits: PluginLimits) -> PluginRegistry {
+    let (reg, errors) =
+        PluginRegistry::load_dir(&plugin_dir(), Arc::new(vocab), limits).expect("engine");
+    assert!(errors.is_empty(), "plugin load errors: {errors:?}");
+    assert!(
+        reg.list().iter().any(|p| p.name == "noop"),
+        "no plugins in {} (run scripts/build-plugins.sh)",
+        plugin_dir().display()
+    );
+    reg
+}
+
+fn spec(name: &str, config: &str) -> Vec<PluginSpec> {
+    vec![PluginSpec {
+        name: name.into(),
+        config: config.into(),
+    }]
+}
+
+/// Random 1–8 byte tokens (lowercase letters and spaces), as a BPE vocabulary roughly
+/// looks, plus "Paris" pieces so `ban_words` has matches.
+fn synthetic_vocab(n: usize) -> PluginVocab {
+    let mut rng = ChaCha8Rng::seed_from_u64(n as u64);
+    let fixed: [&[u8]; 4] = [b"Paris", b" Paris", b" Par", b"is"];
+    let tokens = (0..n).map(|i| {
+        if let Some(t) = fixed.get(i) {
+            return t.to_vec();
+        }
+        let len = rng.random_range(1..=8);
+        (0..len)
+            .map(|_| {
+                let c = rng.random_range(0..27u8);
+                if c == 26 {
+                    b' '
+                } else {
+                    b'a' + c
+                }
+            })
+            .collect()
+    });
+    let eos = n as u32 - 1;
+    PluginVocab::new(
+        tokens,
+        PluginSpecialTokens {
+            bos: None,
+            eos: Some(eos),
+            end_of_generation: vec![eos],
+            control: vec![eos],
+        },
+    )
+}
+
+const BAN_CONFIG: &str = r#"{"words":["Paris","London","the capital"]}"#;
+
+/// Mean time of one `process` call over `steps` steps with a growing generated list.
+fn per_step(chain: &mut PluginChain, vocab: usize, steps: usize) -> Duration {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let base: Vec<f32> = (0..vocab).map(|_| rng.random_range(-10.0..10.0)).collect();
+    let mut logits = base.clone();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut total = Duration::ZERO;
+    for _ in 0..steps {
+        logits.copy_from_slice(&base);
+        let step = StepView {
+            sequence_id: 1,
+            prompt_tokens: 32,
+            generated: &generated,
+        };
+        let t = Instant::now();
+        chain.process(&step, &mut logits).expect("process");
+        total += t.elapsed();
+        generated.push(rng.random_range(4..vocab as u32 - 1));
+    }
+    total / steps as u32
+}
+
+struct MicroRow {
+    plugin: &'static str,
+    vocab: usize,
+    per_step_us: f64,
+    instantiate_configure_ms: f64,
+}
+
+fn micro() -> Vec<MicroRow> {
+    let mut rows = Vec::new();
+    for vocab in [49_152usize, 151_936] {
+        let reg = registry(synthetic_vocab(vocab), PluginLimits::default());
+        for (plugin, config) in [("noop", "{}"), ("ban_words", BAN_CONFIG)] {
+            let t = Instant::now();
+            let mut chain = reg
+                .instantiate(&spec(plugin, config), 1, "bench")
+                .expect("instantiate")
+                .expect("chain");
+            let inst = t.elapsed();
+            per_step(&mut chain, vocab, 20); // warm-up
+            let d = per_step(&mut chain, vocab, 500);
+            rows.push(MicroRow {
+                plugin,
+                vocab,
+                per_step_us: d.as_secs_f64() * 1e6,
+                instantiate_configure_ms: inst.as_secs_f64() * 1e3,
+            });
+        }
+    }
+    rows
+}
+
+/// Greedy decode of `steps` tokens after `prompt`, with `chain` applied to each row.
+/// Returns the decode time (prefill excluded).
+fn decode(
+    model: &LlamaModel,
+    prompt: &[u32],
+    steps: usize,
+    mut chain: Option<&mut PluginChain>,
+) -> Duration {
+    let mut cache = SoloKv::new(model.config(), model.device()).expect("KV cache");
+    let row = |cache: &mut SoloKv, t: &[u32]| -> Vec<f32> {
+        model
+            .forward(t, cache)
+            .and_then(|x| x.to_vec1::<f32>())
+            .expect("forward")
+    };
+    let mut logits = row(&mut cache, prompt);
+    let mut generated = Vec::with_capacity(steps);
+    let t = Instant::now();
+    for _ in 0..steps {
+        if let Some(c) = chain.as_deref_mut() {
+            let step = StepView {
+                sequence_id: 1,
+                prompt_tokens: prompt.len(),
+                generated: &generated,
+            };
+            c.process(&step, &mut logits).expect("process");
+        }
+        let next = argmax(&logits).expect("argmax");
+        generated.push(next);
+        logits = row(&mut cache, &[next]);
+    }
+    t.elapsed()
+}
+
+struct E2e {
+    steps: usize,
+    none_tok_s: f64,
+    noop_tok_s: f64,
+    ban_tok_s: f64,
+}
+
+fn end_to_end() -> E2e {
+    let steps = size("INFERD_BENCH_DECODE", 64);
+    let rounds = size("INFERD_BENCH_REPEATS", 5).max(1);
+    let loaded = load_gguf(
+        &model_path(),
+        &LoadOptions {
+            device: Device::Cpu,
+            q4_1: Q4_1Policy::Native,
+        },
+    )
+    .expect("load model");
+    let tok = TextTokenizer::from_gguf(&loaded.metadata).expect("tokenizer");
+    let reg = registry(PluginVocab::from_tokenizer(&tok), PluginLimits::default());
+    let prompt = tok
+        .encode(
+            "The capital of France is Paris. The capital of England is",
+            false,
+        )
+        .expect("encode");
+    let model = loaded.model;
+    let mut best = [Duration::MAX; 3];
+    for _ in 0..rounds {
+        best[0] = best[0].min(decode(&model, &prompt, steps, None));
+        let mut noop = reg
+            .instantiate(&spec("noop", "{}"), 1, "bench")
+            .expect("noop")
+            .expect("chain");
+        best[1] = best[1].min(decode(&model, &prompt, steps, Some(&mut noop)));
+        let mut ban = reg
+            .instantiate(&spec("ban_words", BAN_CONFIG), 1, "bench")
+            .expect("ban_words")
+            .expect("chain");
+        best[2] = best[2].min(decode(&model, &prompt, steps, Some(&mut ban)));
+    }
+    let tok_s = |d: Duration| steps as f64 / d.as_secs_f64();
+    E2e {
+        steps,
+        none_tok_s: tok_s(best[0]),
+        noop_tok_s: tok_s(best[1]),
+        ban_tok_s: tok_s(best[2]),
+    }
+}
+
+/// Time from the start of a `busy_loop` call until its deadline trap, for `deadline`.
+fn deadline_latency(deadline: Duration) -> Duration {
+    let reg = registry(
+        synthetic_vocab(49_152),
+        PluginLimits {
+            call_deadline: deadline,
+            ..PluginLimits::default()
+        },
+    );
+    let mut worst = Duration::ZERO;
+    for _ in 0..10 {
+        let mut chain = reg
+            .instantiate(&spec("busy_loop", "{}"), 1, "bench")
+            .expect("instantiate")
+            .expect("chain");
+        let mut logits = vec![0.0f32; 49_152];
+        let step = StepView {
+            sequence_id: 1,
+            prompt_tokens: 1,
+            generated: &[],
+        };
+        let t = Instant::now();
+        let r = chain.process(&step, &mut logits);
+        worst = worst.max(t.elapsed());
+        assert!(r.is_err(), "busy_loop must time out");
+    }
+    worst
+}
+
+fn main() {
+    let micro = micro();
+    println!("\nper-step plugin cost (PluginChain::process, synthetic logits; mean of 500 steps)");
+    println!(
+        "{:<12} {:>8} {:>14} {:>26}",
+        "plugin", "vocab", "per step µs", "instantiate+configure ms"
+    );
+    for r in &micro {
+        println!(
+            "{:<12} {:>8} {:>14.1} {:>26.2}",
+            r.plugin, r.vocab, r.per_step_us, r.instantiate_configure_ms
+        );
+    }
+    let e = end_to_end();
+    let step_ms = 1e3 / e.none_tok_s;
+    let overhead = |with: f64| (1.0 - with / e.none_tok_s) * 100.0;
+    println!(
+        "\nend-to-end greedy decode, default model, {} steps, best of rounds",
+        e.steps
+    );
+    println!("{:<16} {:>10} {:>12}", "chain", "tok/s", "overhead %");
+    println!("{:<16} {:>10.1} {:>12}", "none", e.none_tok_s, "-");
+    println!(
+        "{:<16} {:>10.1} {:>12.2}",
+        "noop",
+        e.noop_tok_s,
+        overhead(e.noop_tok_s)
+    );
+    println!(
+        "{:<16} {:>10.1} {:>12.2}",
+        "ban_words",
+        e.ban_tok_s,
+        overhead(e.ban_tok_s)
+    );
+    let micro_49k: Vec<(&str, f64)> = micro
+        .iter()
+        .filter(|r| r.vocab == 49_152)
+        .map(|r| (r.plugin, r.per_step_us / 1e3 / step_ms * 100.0))
+        .collect();
+    for (p, pct) in &micro_49k {
+        println!(
+            "{p}: per-step cost at vocab 49,152 = {pct:.2} % of a {step_ms:.2} ms decode step"
+        );
+    }
+    let deadline = Duration::from_millis(5);
+    let worst = deadline_latency(deadline);
+    println!(
+        "\nbusy_loop with a {} ms deadline: stopped after at most {:.2} ms (10 calls)",
+        deadline.as_millis(),
+        worst.as_secs_f64() * 1e3
+    );
+
+    let json = serde_json::json!({
+        "per_step": micro.iter().map(|r| serde_json::json!({
+            "plugin": r.plugin,
+            "vocab": r.vocab,
+            "per_step_us": r.per_step_us,
+            "instantiate_configure_ms": r.instantiate_configure_ms,
+        })).collect::<Vec<_>>(),
+        "end_to_end": {
+            "decode_steps": e.steps,
+            "none_tok_s": e.none_tok_s,
+            "noop_tok_s": e.noop_tok_s,
+            "ban_words_tok_s": e.ban_tok_s,
+            "noop_overhead_pct": overhead(e.noop_tok_s),
+            "ban_words_overhead_pct": overhead(e.ban_tok_s),
+        },
+        "per_step_pct_of_decode_step_49k": micro_49k.iter().map(|(p, v)| (p.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
+        "deadline_ms": deadline.as_secs_f64() * 1e3,
+        "deadline_worst_stop_ms": worst.as_secs_f64() * 1e3,
+    });
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("plugin_overhead.json");
+    match std::fs::write(&path, format!("{json:#}\n")) {
+        Ok(()) => println!("wrote {}", path.display()),
+        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
+    }
+}

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Builds the inferd WebAssembly plugins (plugins/) into target/plugins/<name>.wasm.
+#
+# Usage: scripts/build-plugins.sh            (from any directory)
+# Env:   PLUGINS_OUT    output directory (default: <repo>/target/plugins)
+#        WASI_SYSROOT   wasi-libc sysroot in Debian's layout (default: /usr, i.e.
+#                       /usr/include/wasm32-wasi and /usr/lib/wasm32-wasi)
+#
+# 1. Installs what is missing: the wasm32-wasip2 Rust target; clang, lld and wasi-libc
+#    (apt, with sudo when not root); wit-bindgen-cli and wasm-tools (cargo install).
+# 2. Builds the Rust plugins: every cdylib crate of the cargo workspace plugins/Cargo.toml
+#    (no_std, wit-bindgen), for wasm32-wasip2 (rustc emits components directly).
+# 3. Builds the C plugin plugins/min_tokens_c: `wit-bindgen c` bindings, clang + wasm-ld
+#    against wasi-libc (malloc and string functions only), `wasm-tools component new`.
+# 4. Copies each component to the output directory and checks that it imports nothing
+#    but inferd:plugin/* (no WASI), as the daemon requires.
+# Quick when nothing changed: cargo is incremental and the C build is skipped when its
+# output is newer than its inputs.
+set -euo pipefail
+
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${PLUGINS_OUT:-$ROOT/target/plugins}"
+BUILD="$ROOT/target/plugins-build"
+WIT="$ROOT/wit"
+WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
+WIT_BINDGEN_VERSION=0.63.0
+WASM_TOOLS_VERSION=1.263.0
+TARGET=wasm32-wasip2
+export PATH="$HOME/.cargo/bin:$PATH"
+
+die() {
+    echo "build-plugins: error: $*" >&2
+    exit 1
+}
+note() { echo "build-plugins: $*" >&2; }
+
+# Runs a command as root: directly when root, else with sudo.
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then
+        "$@"
+    else
+        command -v sudo >/dev/null || die "need root or sudo to run: $*"
+        sudo "$@"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# 1. Tools
+# ---------------------------------------------------------------------------------------
+command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
+if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
+    note "adding the $TARGET Rust target"
+    rustup target add "$TARGET"
+fi
+
+apt_missing=()
+command -v clang >/dev/null || apt_missing+=(clang)
+command -v wasm-ld >/dev/null || apt_missing+=(lld)
+[[ -f $WASI_SYSROOT/lib/wasm32-wasi/libc.a ]] || apt_missing+=(wasi-libc)
+if ((${#apt_missing[@]})); then
+    note "installing ${apt_missing[*]} (apt)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}"
+fi
+
+if ! command -v wit-bindgen >/dev/null; then
+    note "installing wit-bindgen-cli $WIT_BINDGEN_VERSION"
+    cargo install --locked "wit-bindgen-cli@$WIT_BINDGEN_VERSION"
+elif ! wit-bindgen --version | grep -q " $WIT_BINDGEN_VERSION\$"; then
+    note "warning: $(wit-bindgen --version) found, the C plugin is tested with $WIT_BINDGEN_VERSION"
+fi
+if ! command -v wasm-tools >/dev/null; then
+    note "installing wasm-tools $WASM_TOOLS_VERSION"
+    cargo install --locked "wasm-tools@$WASM_TOOLS_VERSION"
+fi
+
+mkdir -p "$OUT" "$BUILD"
+built=() # output paths, checked at the end
+
+# Copies component $1 to $OUT/$2.wasm (only when it changed) and prints one line.
+publish() {
+    local src=$1 name=$2 dst="$OUT/$2.wasm"
+    cmp -s "$src" "$dst" 2>/dev/null || cp "$src" "$dst"
+    built+=("$dst")
+    printf 'built %-18s %s (%s bytes)\n' "$name" "$dst" "$(stat -c %s "$dst")"
+}
+
+# ---------------------------------------------------------------------------------------
+# 2. Rust plugins (the cdylib crates of plugins/Cargo.toml; crate name = plugin name)
+# ---------------------------------------------------------------------------------------
+rust_plugins=()
+for manifest in "$ROOT"/plugins/*/Cargo.toml; do
+    if grep -q 'crate-type *= *\[ *"cdylib" *\]' "$manifest"; then
+        rust_plugins+=("$(basename "$(dirname "$manifest")")")
+    fi
+done
+((${#rust_plugins[@]})) || die "no Rust plugin crates found under $ROOT/plugins"
+cargo build --release --target "$TARGET" \
+    --manifest-path "$ROOT/plugins/Cargo.toml" --target-dir "$BUILD"
+for name in "${rust_plugins[@]}"; do
+    publish "$BUILD/$TARGET/release/$name.wasm" "$name"
+done
+
+# ---------------------------------------------------------------------------------------
+# 3. C plugin: min_tokens
+# ---------------------------------------------------------------------------------------
+C_SRC="$ROOT/plugins/min_tokens_c"
+C_BUILD="$BUILD/min_tokens_c"
+C_OUT="$C_BUILD/min_tokens.wasm"
+c_inputs=("$WIT"/*.wit "$C_SRC"/*.c "$C_SRC"/*.h "${BASH_SOURCE[0]}")
+c_fresh=1
+for input in "${c_inputs[@]}"; do
+    [[ -f $C_OUT && $C_OUT -nt $input ]] || c_fresh=0
+done
+if ((!c_fresh)); then
+    [[ -f $WASI_SYSROOT/include/wasm32-wasi/stdlib.h ]] ||
+        die "wasi-libc headers not found under $WASI_SYSROOT/include/wasm32-wasi"
+    rm -rf "$C_BUILD"
+    mkdir -p "$C_BUILD/gen"
+    # Bindings: logits_processor_plugin.{c,h} and the component-type object (it carries
+    # the world, so the core module needs no separate `wasm-tools component embed`).
+    gen_log=$(wit-bindgen c "$WIT" --world logits-processor-plugin --out-dir "$C_BUILD/gen" 2>&1) ||
+        die "wit-bindgen c failed:"$'\n'"$gen_log"
+    cflags=(--target=wasm32-wasi -O2 -std=c11 -Wall -Wextra -Werror
+        -nostdinc -isystem "$(clang -print-resource-dir)/include"
+        -isystem "$WASI_SYSROOT/include/wasm32-wasi" -I "$C_BUILD/gen" -I "$C_SRC")
+    objects=()
+    for src in "$C_SRC/config.c" "$C_SRC/min_tokens.c" "$C_BUILD/gen/logits_processor_plugin.c"; do
+        obj="$C_BUILD/$(basename "$src" .c).o"
+        clang "${cflags[@]}" -c "$src" -o "$obj"
+        objects+=("$obj")
+    done
+    # A reactor (crt1-reactor.o: `_initialize`, which the component runs once) without
+    # compiler-rt or the rest of the default libraries; libc.a only supplies malloc and
+    # the string functions, none of which import WASI.
+    clang --target=wasm32-wasi -nostdlib -Wl,--no-entry -Wl,--strip-debug \
+        -o "$C_BUILD/core.wasm" "$WASI_SYSROOT/lib/wasm32-wasi/crt1-reactor.o" "${objects[@]}" \
+        "$C_BUILD/gen/logits_processor_plugin_component_type.o" \
+        "$WASI_SYSROOT/lib/wasm32-wasi/libc.a"
+    if wasm-tools print "$C_BUILD/core.wasm" | grep -q '(import "wasi'; then
+        die "min_tokens: the core module imports WASI (a libc function that needs it was linked)"
+    fi
+    wasm-tools component new "$C_BUILD/core.wasm" -o "$C_OUT.tmp"
+    mv "$C_OUT.tmp" "$C_OUT"
+fi
+publish "$C_OUT" min_tokens
+
+# ---------------------------------------------------------------------------------------
+# 4. Check every component: valid, imports only inferd:plugin/*, exports one plugin world
+# ---------------------------------------------------------------------------------------
+for f in "${built[@]}"; do
+    wasm-tools validate "$f" || die "$f: not a valid WebAssembly component"
+    world=$(wasm-tools component wit "$f" | sed -n '/^world root {/,/^}/p')
+    [[ -n $world ]] || die "$f: not a component (no world found)"
+    if grep -qi 'wasi' <<<"$world"; then
+        die "$f imports WASI, which the daemon refuses:"$'\n'"$world"
+    fi
+    bad=$(grep -E '^\s*import ' <<<"$world" | grep -Ev '^\s*import inferd:plugin/(host|types)@' || true)
+    [[ -z $bad ]] || die "$f: imports other than inferd:plugin/host and inferd:plugin/types:"$'\n'"$bad"
+    exports=$(grep -E '^\s*export ' <<<"$world" || true)
+    [[ $(grep -c . <<<"$exports") -eq 1 ]] &&
+        grep -Eqx '\s*export inferd:plugin/(logits-processor|sampler)@[0-9.]+;' <<<"$exports" ||
+        die "$f: must export exactly one of inferd:plugin/logits-processor, sampler; found:"$'\n'"$exports"
+done
+note "${#built[@]} plugins in $OUT, imports checked"
