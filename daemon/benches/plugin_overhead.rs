@@ -4,9 +4,10 @@
 //!    guest, run it, apply its edit) for the `noop` and `ban_words` plugins at
 //!    vocabulary sizes 49,152 and 151,936 (synthetic vocabularies and logits).
 //! 2. End-to-end single-stream greedy decode on the default model without a plugin,
-//!    with `noop` and with `ban_words` (real vocabulary), interleaved in rounds (best
-//!    of each) so machine noise hits all three alike; overhead = 1 − tok/s with the
-//!    plugin ÷ tok/s without.
+//!    with `noop` and with `ban_words` (real vocabulary), in rounds with the order
+//!    rotated each round; overhead = the median over rounds of (decode time with the
+//!    plugin ÷ time without, same round) − 1, so that slow drift of this shared VM
+//!    (±20 % between runs) cancels.
 //! 3. Deadline enforcement: how long after its deadline a never-returning plugin
 //!    (`busy_loop`) is stopped.
 //!
@@ -16,7 +17,7 @@
 //! Prints a table and writes `target/bench/plugin_overhead.json`. Plugins from
 //! `INFERD_PLUGINS_DIR` or `target/plugins/`; model from `INFERD_TEST_MODEL` or
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf`; `INFERD_BENCH_DECODE` decode steps per
-//! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 5).
+//! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 21).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -199,14 +200,19 @@ fn decode(
 
 struct E2e {
     steps: usize,
+    rounds: usize,
     none_tok_s: f64,
     noop_tok_s: f64,
     ban_tok_s: f64,
+    /// Median over rounds of (decode time with noop) / (without), same round.
+    noop_time_ratio: f64,
+    /// The same for ban_words.
+    ban_time_ratio: f64,
 }
 
 fn end_to_end() -> E2e {
     let steps = size("INFERD_BENCH_DECODE", 64);
-    let rounds = size("INFERD_BENCH_REPEATS", 5).max(1);
+    let rounds = size("INFERD_BENCH_REPEATS", 21).max(1);
     let loaded = load_gguf(
         &model_path(),
         &LoadOptions {
@@ -225,25 +231,43 @@ fn end_to_end() -> E2e {
         .expect("encode");
     let model = loaded.model;
     let mut best = [Duration::MAX; 3];
-    for _ in 0..rounds {
-        best[0] = best[0].min(decode(&model, &prompt, steps, None));
-        let mut noop = reg
-            .instantiate(&spec("noop", "{}"), 1, "bench")
-            .expect("noop")
-            .expect("chain");
-        best[1] = best[1].min(decode(&model, &prompt, steps, Some(&mut noop)));
-        let mut ban = reg
-            .instantiate(&spec("ban_words", BAN_CONFIG), 1, "bench")
-            .expect("ban_words")
-            .expect("chain");
-        best[2] = best[2].min(decode(&model, &prompt, steps, Some(&mut ban)));
+    let mut ratios: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        // Rotate the order each round so drift (clock, cache, other load) does not
+        // favour one variant; compare variants within a round (paired), then take the
+        // median over rounds.
+        let mut t = [Duration::ZERO; 3];
+        for k in 0..3 {
+            let v = (round + k) % 3;
+            let mut chain = match v {
+                0 => None,
+                1 => reg
+                    .instantiate(&spec("noop", "{}"), 1, "bench")
+                    .expect("noop"),
+                _ => reg
+                    .instantiate(&spec("ban_words", BAN_CONFIG), 1, "bench")
+                    .expect("ban_words"),
+            };
+            t[v] = decode(&model, &prompt, steps, chain.as_mut());
+            best[v] = best[v].min(t[v]);
+        }
+        for (r, with) in ratios.iter_mut().zip(&t[1..]) {
+            r.push(with.as_secs_f64() / t[0].as_secs_f64());
+        }
     }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     let tok_s = |d: Duration| steps as f64 / d.as_secs_f64();
     E2e {
         steps,
+        rounds,
         none_tok_s: tok_s(best[0]),
         noop_tok_s: tok_s(best[1]),
         ban_tok_s: tok_s(best[2]),
+        noop_time_ratio: median(&mut ratios[0]),
+        ban_time_ratio: median(&mut ratios[1]),
     }
 }
 
@@ -291,24 +315,27 @@ fn main() {
     }
     let e = end_to_end();
     let step_ms = 1e3 / e.none_tok_s;
-    let overhead = |with: f64| (1.0 - with / e.none_tok_s) * 100.0;
+    let pct = |ratio: f64| (ratio - 1.0) * 100.0;
     println!(
-        "\nend-to-end greedy decode, default model, {} steps, best of rounds",
-        e.steps
+        "\nend-to-end greedy decode, default model, {} steps x {} rounds (order rotated)",
+        e.steps, e.rounds
     );
-    println!("{:<16} {:>10} {:>12}", "chain", "tok/s", "overhead %");
-    println!("{:<16} {:>10.1} {:>12}", "none", e.none_tok_s, "-");
     println!(
-        "{:<16} {:>10.1} {:>12.2}",
+        "{:<12} {:>14} {:>32}",
+        "chain", "best tok/s", "median paired time overhead %"
+    );
+    println!("{:<12} {:>14.1} {:>32}", "none", e.none_tok_s, "-");
+    println!(
+        "{:<12} {:>14.1} {:>32.2}",
         "noop",
         e.noop_tok_s,
-        overhead(e.noop_tok_s)
+        pct(e.noop_time_ratio)
     );
     println!(
-        "{:<16} {:>10.1} {:>12.2}",
+        "{:<12} {:>14.1} {:>32.2}",
         "ban_words",
         e.ban_tok_s,
-        overhead(e.ban_tok_s)
+        pct(e.ban_time_ratio)
     );
     let micro_49k: Vec<(&str, f64)> = micro
         .iter()
@@ -337,11 +364,12 @@ fn main() {
         })).collect::<Vec<_>>(),
         "end_to_end": {
             "decode_steps": e.steps,
-            "none_tok_s": e.none_tok_s,
-            "noop_tok_s": e.noop_tok_s,
-            "ban_words_tok_s": e.ban_tok_s,
-            "noop_overhead_pct": overhead(e.noop_tok_s),
-            "ban_words_overhead_pct": overhead(e.ban_tok_s),
+            "rounds": e.rounds,
+            "best_none_tok_s": e.none_tok_s,
+            "best_noop_tok_s": e.noop_tok_s,
+            "best_ban_words_tok_s": e.ban_tok_s,
+            "noop_overhead_pct_median_paired": pct(e.noop_time_ratio),
+            "ban_words_overhead_pct_median_paired": pct(e.ban_time_ratio),
         },
         "per_step_pct_of_decode_step_49k": micro_49k.iter().map(|(p, v)| (p.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
         "deadline_ms": deadline.as_secs_f64() * 1e3,

@@ -76,7 +76,7 @@ impl Default for PluginLimits {
     fn default() -> Self {
         Self {
             call_deadline: Duration::from_millis(5),
-            configure_deadline: Duration::from_millis(250),
+            configure_deadline: Duration::from_millis(1000),
             memory_bytes: 64 << 20,
             table_elements: 10_000,
             instances: 16,
