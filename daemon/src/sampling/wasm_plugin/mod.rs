@@ -14,7 +14,8 @@
 //!
 //! Sandbox (the pattern of wasmtime's `examples/component` and Spin's host): no WASI
 //! at all; epoch interruption with a per-call deadline (one epoch tick =
-//! [`EPOCH_TICK`], advanced by one ticker thread per registry); a
+//! [`EPOCH_TICK`], advanced by one ticker thread per registry while any plugin call
+//! runs); a
 //! [`wasmtime::ResourceLimiter`] on linear memory, table elements, instances, tables
 //! and memories. A trap, a missed deadline or a limit breach becomes an
 //! [`ErrorKind::PluginTrap`] error that names the plugin and the cause, and fails only
@@ -26,8 +27,8 @@ mod edit;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -301,19 +302,55 @@ struct LoadedPlugin {
     pre: Pre,
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+/// State shared by the epoch ticker thread and the plugin calls.
+#[derive(Debug, Default)]
+struct TickerShared {
+    stop: AtomicBool,
+    /// Plugin calls running now; the ticker sleeps while there are none.
+    active: AtomicUsize,
+    thread: OnceLock<thread::Thread>,
+}
+
+/// Marks one plugin call as running (the ticker advances the epoch while any is).
+struct ActiveCall(Arc<TickerShared>);
+
+impl ActiveCall {
+    fn start(shared: &Arc<TickerShared>) -> Self {
+        if shared.active.fetch_add(1, Ordering::AcqRel) == 0 {
+            if let Some(t) = shared.thread.get() {
+                t.unpark();
+            }
+        }
+        Self(shared.clone())
+    }
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] while a plugin call runs, and
+/// sleeps otherwise (an idle daemon gets no 1 kHz wake-ups); stops when dropped.
 struct EpochTicker {
-    stop: Arc<AtomicBool>,
+    shared: Arc<TickerShared>,
 }
 
 impl EpochTicker {
     fn start(engine: &Engine) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, weak) = (stop.clone(), engine.weak());
-        thread::Builder::new()
+        let shared = Arc::new(TickerShared::default());
+        let (s, weak) = (shared.clone(), engine.weak());
+        let handle = thread::Builder::new()
             .name("plugin-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                while !s.stop.load(Ordering::Acquire) {
+                    if s.active.load(Ordering::Acquire) == 0 {
+                        // Woken by the next call (`unpark`); the timeout only bounds
+                        // how long a stop request waits.
+                        thread::park_timeout(Duration::from_millis(100));
+                        continue;
+                    }
                     thread::sleep(EPOCH_TICK);
                     match weak.upgrade() {
                         Some(engine) => engine.increment_epoch(),
@@ -321,13 +358,17 @@ impl EpochTicker {
                     }
                 }
             })?;
-        Ok(Self { stop })
+        let _ = shared.thread.set(handle.thread().clone());
+        Ok(Self { shared })
     }
 }
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.shared.thread.get() {
+            t.unpark();
+        }
     }
 }
 
@@ -352,7 +393,7 @@ pub struct PluginRegistry {
     plugins: BTreeMap<String, LoadedPlugin>,
     vocab: Arc<PluginVocab>,
     limits: PluginLimits,
-    _ticker: EpochTicker,
+    ticker: EpochTicker,
 }
 
 impl fmt::Debug for PluginRegistry {
@@ -393,7 +434,7 @@ impl PluginRegistry {
             plugins: BTreeMap::new(),
             vocab,
             limits,
-            _ticker: ticker,
+            ticker,
         })
     }
 
@@ -577,15 +618,18 @@ impl PluginRegistry {
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(ticks(self.limits.configure_deadline));
+        let call = ActiveCall::start(&self.ticker.shared);
         let exports = match pre {
             Pre::Processor(p) => p.instantiate(&mut store).map(Exports::Processor),
             Pre::Sampler(p) => p.instantiate(&mut store).map(Exports::Sampler),
         };
+        drop(call);
         let mut inst = PluginInstance {
             label,
             index,
             store,
             exports: None,
+            ticker: self.ticker.shared.clone(),
         };
         match exports {
             Ok(e) => {
@@ -675,6 +719,7 @@ struct PluginInstance {
     index: usize,
     store: Store<HostState>,
     exports: Option<Exports>,
+    ticker: Arc<TickerShared>,
 }
 
 impl Drop for PluginInstance {
@@ -719,6 +764,7 @@ impl PluginInstance {
 
     fn info(&mut self, deadline: Duration) -> Result<PluginInfo, InferError> {
         self.store.set_epoch_deadline(ticks(deadline));
+        let _call = ActiveCall::start(&self.ticker);
         let res = match &self.exports {
             Some(Exports::Processor(p)) => p
                 .inferd_plugin_logits_processor()
@@ -737,6 +783,7 @@ impl PluginInstance {
         name: &str,
     ) -> Result<(), InferError> {
         self.store.set_epoch_deadline(ticks(deadline));
+        let call = ActiveCall::start(&self.ticker);
         let res = match &self.exports {
             Some(Exports::Processor(p)) => {
                 p.inferd_plugin_logits_processor()
@@ -748,6 +795,7 @@ impl PluginInstance {
             }
             None => return Err(InferError::internal("plugin instance without exports")),
         };
+        drop(call);
         match res {
             Ok(Ok(())) => Ok(()),
             Ok(Err(msg)) => Err(InferError::validation(format!(
@@ -827,11 +875,13 @@ impl PluginChain {
             let Some(Exports::Processor(p)) = &inst.exports else {
                 return Err(InferError::internal("processor instance without exports"));
             };
+            let call = ActiveCall::start(&inst.ticker);
             let res = p.inferd_plugin_logits_processor().call_process(
                 &mut inst.store,
                 &self.step_ctx,
                 logits,
             );
+            drop(call);
             let edit: LogitsEdit = match res {
                 Ok(Ok(edit)) => edit,
                 Ok(Err(msg)) => {
@@ -881,9 +931,11 @@ impl PluginChain {
         let Some(Exports::Sampler(s)) = &inst.exports else {
             return Err(InferError::internal("sampler instance without exports"));
         };
+        let call = ActiveCall::start(&inst.ticker);
         let res =
             s.inferd_plugin_sampler()
                 .call_sample(&mut inst.store, &self.step_ctx, logits, random);
+        drop(call);
         let token = match res {
             Ok(Ok(t)) => t,
             Ok(Err(msg)) => {
