@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use crate::config::Settings;
 use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
+use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
 use crate::server::{serve, Engine};
@@ -189,17 +190,20 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         let tok = tokenizer.clone();
         let sched_for_tok = scheduler.clone();
         let sched_for_util = scheduler.clone();
-        let plugins_for_tok = plugins.clone();
+        let (plugins_for_setup, sched_for_setup) = (plugins.clone(), scheduler.clone());
+        let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
+            PluginSetupActor::new(plugins_for_setup.clone(), sched_for_setup.clone())
+        });
+        let setup_for_tok = plugin_setup.clone();
         let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-            TokenizerActor::new(tok.clone(), sched_for_tok.clone(), plugins_for_tok.clone())
+            TokenizerActor::new(tok.clone(), sched_for_tok.clone(), setup_for_tok.clone())
         });
         let tok_util = tokenizer.clone();
-        let plugins_for_util = plugins.clone();
         let utility_tokenizer = SyncArbiter::start(1, move || {
             TokenizerActor::new(
                 tok_util.clone(),
                 sched_for_util.clone(),
-                plugins_for_util.clone(),
+                plugin_setup.clone(),
             )
         });
         let listener = TcpListener::bind(addr)

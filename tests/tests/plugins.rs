@@ -255,3 +255,47 @@ async fn unknown_plugins_and_bad_chains_are_validation_errors() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_hanging_configure_holds_up_neither_tokenizing_nor_plain_requests() {
+    let daemon = Daemon::start().expect("daemon");
+    let mut c = daemon.connect().await.expect("connect");
+    // Three configures that never return (the test profile's configure deadline is 5 s)
+    // occupy the plugin set-up pool; a request without plugins, sent after them, must
+    // finish first.
+    let hang = |id: &str| {
+        chat(
+            id,
+            FRANCE,
+            8,
+            json!([{"name":"busy_loop","config":{"in_configure":true}}]),
+        )
+    };
+    for id in ["h1", "h2", "h3"] {
+        c.send(&hang(id)).await.expect("send");
+    }
+    c.send(&chat("plain", FRANCE, 8, json!([])))
+        .await
+        .expect("send");
+    let mut ended: Vec<String> = Vec::new();
+    let mut out: HashMap<String, Generation> = HashMap::new();
+    while ended.len() < 4 {
+        let f = c.recv().await.expect("frame");
+        let id = f["id"].as_str().expect("frame id").to_string();
+        if out.entry(id.clone()).or_default().absorb(f) {
+            ended.push(id);
+        }
+    }
+    assert_eq!(ended[0], "plain", "order of endings: {ended:?}");
+    assert_eq!(out["plain"].error, None);
+    for id in ["h1", "h2", "h3"] {
+        let g = &out[id];
+        assert_eq!(g.error_type(), Some("plugin_trap"), "{id}: {g:?}");
+        assert!(g.started.is_none(), "{id} never started");
+        assert!(
+            error_message(g).contains("exceeded its deadline of 5000 ms in configure"),
+            "{id}: {}",
+            error_message(g)
+        );
+    }
+}

@@ -8,7 +8,7 @@ use actix::{Actor, Addr, Handler, Message, SyncContext};
 
 use crate::error::InferError;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
-use crate::sampling::wasm_plugin::PluginRegistry;
+use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
 use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
 
 use super::TextTokenizer;
@@ -52,21 +52,21 @@ pub struct Decode {
 pub struct TokenizerActor {
     tokenizer: Arc<TextTokenizer>,
     scheduler: Addr<SchedulerActor>,
-    plugins: Arc<PluginRegistry>,
+    plugin_setup: Addr<PluginSetupActor>,
 }
 
 impl TokenizerActor {
-    /// A tokenizer worker that forwards to `scheduler`, instantiating each request's
-    /// plugins from `plugins`.
+    /// A tokenizer worker that forwards to `scheduler`, or to `plugin_setup` when the
+    /// request names plugins.
     pub fn new(
         tokenizer: Arc<TextTokenizer>,
         scheduler: Addr<SchedulerActor>,
-        plugins: Arc<PluginRegistry>,
+        plugin_setup: Addr<PluginSetupActor>,
     ) -> Self {
         Self {
             tokenizer,
             scheduler,
-            plugins,
+            plugin_setup,
         }
     }
 
@@ -100,27 +100,30 @@ impl Handler<Prepare> for TokenizerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        // The request's plugin instances are created and configured here, off the
-        // engine loop; a bad config is a validation error before anything is queued.
-        let prepared = self.prompt_ids(&msg.request.input).and_then(|prompt| {
-            let plugins = self.plugins.instantiate(
-                &msg.request.plugins,
-                msg.request.sampling.seed,
-                &msg.request.client_id,
-            )?;
-            Ok((prompt, plugins))
-        });
-        match prepared {
-            Ok((prompt, plugins)) => self.scheduler.do_send(Submit(TokenizedRequest {
-                seq: msg.seq,
-                client_id: msg.request.client_id,
-                prompt,
-                sampling: msg.request.sampling,
-                plugins,
-                events: msg.events,
-                cancel: msg.cancel,
-                received_at: msg.received_at,
-            })),
+        match self.prompt_ids(&msg.request.input) {
+            Ok(prompt) => {
+                let req = TokenizedRequest {
+                    seq: msg.seq,
+                    client_id: msg.request.client_id,
+                    prompt,
+                    sampling: msg.request.sampling,
+                    plugins: None,
+                    events: msg.events,
+                    cancel: msg.cancel,
+                    received_at: msg.received_at,
+                };
+                if msg.request.plugins.is_empty() {
+                    self.scheduler.do_send(Submit(req));
+                } else {
+                    // Plugin instances are created and configured on their own pool, so
+                    // a slow configure never holds up tokenizing; a bad config is a
+                    // validation error before anything is queued.
+                    self.plugin_setup.do_send(SetupPlugins {
+                        request: req,
+                        specs: msg.request.plugins,
+                    });
+                }
+            }
             Err(e) => {
                 let _ = msg.events.send(StreamEvent::Error(e));
             }

@@ -5,7 +5,8 @@
 //! - Load: [`PluginRegistry::load_dir`] compiles every `*.wasm` component in
 //!   `plugins.dir` once with Cranelift, checks its imports (only `inferd:plugin/*`; no
 //!   WASI) and its world, links it into an `InstancePre`, and reads its `info`.
-//! - Per request: [`PluginRegistry::instantiate`] builds a [`PluginChain`]: one
+//! - Per request: [`PluginRegistry::instantiate`] (called by [`actor::PluginSetupActor`],
+//!   a pool between the tokenizer and the scheduler) builds a [`PluginChain`]: one
 //!   `Store` and instance per named plugin (so plugin globals are per-request state),
 //!   `configure`d with the request's JSON config and seed. Dropping the chain drops the
 //!   instances.
@@ -21,6 +22,7 @@
 //! [`ErrorKind::PluginTrap`] error that names the plugin and the cause, and fails only
 //! the request that owns the instance.
 
+pub mod actor;
 mod bindings;
 mod edit;
 

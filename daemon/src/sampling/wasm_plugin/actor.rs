@@ -1,0 +1,67 @@
+//! `PluginSetupActor`: instantiates and configures a request's plugins on a
+//! `SyncArbiter` pool of its own, between the tokenizer and the scheduler. Requests that
+//! name no plugin never pass through it, so a slow or hostile `configure` (bounded by
+//! `plugins.configure_deadline_ms`) delays only other plugin requests, never tokenizing.
+
+use std::sync::Arc;
+
+use actix::{Actor, Addr, Handler, Message, SyncContext};
+
+use super::PluginRegistry;
+use crate::request::{PluginSpec, StreamEvent};
+use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
+
+/// Threads of the plugin set-up pool.
+pub const SETUP_THREADS: usize = 2;
+
+/// Instantiate and configure `specs` for `request`, then submit it to the scheduler; a
+/// failure (`validation` for an unknown name or rejected config, `plugin_trap` for a trap
+/// or timeout in `configure`) goes to the request's event channel instead.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SetupPlugins {
+    /// The tokenized request (its `plugins` is `None` until set up here).
+    pub request: TokenizedRequest,
+    /// The request's plugin list, in order.
+    pub specs: Vec<PluginSpec>,
+}
+
+/// The plugin set-up stage. Start with `SyncArbiter::start(SETUP_THREADS, ..)`.
+pub struct PluginSetupActor {
+    plugins: Arc<PluginRegistry>,
+    scheduler: Addr<SchedulerActor>,
+}
+
+impl PluginSetupActor {
+    /// A worker instantiating from `plugins` and submitting to `scheduler`.
+    pub fn new(plugins: Arc<PluginRegistry>, scheduler: Addr<SchedulerActor>) -> Self {
+        Self { plugins, scheduler }
+    }
+}
+
+impl Actor for PluginSetupActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<SetupPlugins> for PluginSetupActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetupPlugins, _ctx: &mut SyncContext<Self>) {
+        let mut req = msg.request;
+        if !req.cancel.is_cancelled() {
+            match self
+                .plugins
+                .instantiate(&msg.specs, req.sampling.seed, &req.client_id)
+            {
+                Ok(chain) => req.plugins = chain,
+                Err(e) => {
+                    tracing::warn!(id = %req.client_id, error = %e.message, "plugin set-up failed");
+                    let _ = req.events.send(StreamEvent::Error(e));
+                    return;
+                }
+            }
+        }
+        // A request cancelled while it waited here is ended by the scheduler.
+        self.scheduler.do_send(Submit(req));
+    }
+}
