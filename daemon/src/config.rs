@@ -387,9 +387,9 @@ impl Settings {
                 p.configure_deadline_ms
             ));
         }
-        if !((1 << 20)..=(4u64 << 30)).contains(&p.memory_bytes) {
+        if !((4 << 20)..=(4u64 << 30)).contains(&p.memory_bytes) {
             return bad(format!(
-                "plugins.memory_bytes must be in [1048576, 4294967296] (got {})",
+                "plugins.memory_bytes must be in [4194304, 4294967296] (got {})",
                 p.memory_bytes
             ));
         }

@@ -299,3 +299,24 @@ async fn a_hanging_configure_holds_up_neither_tokenizing_nor_plain_requests() {
         );
     }
 }
+
+#[tokio::test]
+async fn cancelling_during_configure_ends_the_request_as_cancelled() {
+    let daemon = Daemon::start().expect("daemon");
+    let mut c = daemon.connect().await.expect("connect");
+    c.send(&chat(
+        "c1",
+        FRANCE,
+        8,
+        json!([{"name":"busy_loop","config":{"in_configure":true}}]),
+    ))
+    .await
+    .expect("send");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    c.send(&json!({"type":"cancel","id":"c1"}))
+        .await
+        .expect("send");
+    let mut g = Generation::default();
+    while !g.absorb(c.recv().await.expect("frame")) {}
+    assert_eq!(g.error_type(), Some("cancelled"), "{g:?}");
+}

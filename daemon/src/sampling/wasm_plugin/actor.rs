@@ -54,6 +54,8 @@ impl Handler<SetupPlugins> for PluginSetupActor {
                 .instantiate(&msg.specs, req.sampling.seed, &req.client_id)
             {
                 Ok(chain) => req.plugins = chain,
+                // Cancelled while configuring: the scheduler ends it as cancelled.
+                Err(_) if req.cancel.is_cancelled() => {}
                 Err(e) => {
                     tracing::warn!(id = %req.client_id, error = %e.message, "plugin set-up failed");
                     let _ = req.events.send(StreamEvent::Error(e));

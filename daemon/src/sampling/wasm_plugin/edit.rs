@@ -41,6 +41,13 @@ pub fn apply_edit(edit: &LogitsEdit, logits: &mut [f32]) -> Result<(), String> {
                     ));
                 }
                 logits[i] += e.bias;
+                if logits[i].is_nan() || logits[i] == f32::INFINITY {
+                    return Err(format!(
+                        "bias: token {}'s logit became {} (the biases overflow or cancel an \
+                         infinity)",
+                        e.token, logits[i]
+                    ));
+                }
             }
         }
         LogitsEdit::AllowOnly(ids) => {
@@ -164,6 +171,19 @@ mod tests {
             (
                 LogitsEdit::Replace(vec![0.0, 0.0, f32::NAN, 0.0]),
                 "replace: value for token 2 must be finite or -inf, got NaN",
+            ),
+            (
+                LogitsEdit::Bias(vec![
+                    TokenBias {
+                        token: 1,
+                        bias: 3e38,
+                    },
+                    TokenBias {
+                        token: 1,
+                        bias: 3e38,
+                    },
+                ]),
+                "bias: token 1's logit became inf (the biases overflow or cancel an infinity)",
             ),
             (
                 LogitsEdit::Ban(vec![0, 1, 2, 3]),

@@ -78,7 +78,7 @@ pub struct PluginLimits {
 impl Default for PluginLimits {
     fn default() -> Self {
         Self {
-            call_deadline: Duration::from_millis(5),
+            call_deadline: Duration::from_millis(10),
             configure_deadline: Duration::from_millis(1000),
             memory_bytes: 64 << 20,
             table_elements: 10_000,
@@ -111,7 +111,8 @@ pub struct PluginDescription {
     pub description: String,
     /// The WIT package the plugin was built against, e.g. `inferd:plugin@0.1.0`.
     pub interface: String,
-    /// The component file it was loaded from.
+    /// The component's file name in `plugins.dir` (not the full path: every client
+    /// sees it).
     pub file: String,
 }
 
@@ -539,7 +540,11 @@ impl PluginRegistry {
                     .map_err(|e| format!("does not match {INTERFACE} sampler: {e:#}"))?,
             ),
         };
-        let file = path.display().to_string();
+        // The file name only: the `plugins` reply goes to every client.
+        let file = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
         let mut inst = self
             .new_instance(&pre, Arc::from(file.as_str()), usize::MAX)
             .map_err(|e| e.message)?;
@@ -674,9 +679,14 @@ impl PluginRegistry {
         for (i, spec) in specs.iter().enumerate() {
             let Some(plugin) = self.plugins.get(&spec.name) else {
                 let loaded: Vec<&str> = self.plugins.keys().map(String::as_str).collect();
+                let shown: String = spec.name.chars().take(64).collect();
                 return Err(InferError::validation(format!(
-                    "plugins[{i}].name: no plugin named {:?} is loaded (loaded: {})",
-                    spec.name,
+                    "plugins[{i}].name: no plugin named {shown:?}{} is loaded (loaded: {})",
+                    if shown.len() < spec.name.len() {
+                        " (cut)"
+                    } else {
+                        ""
+                    },
                     if loaded.is_empty() {
                         "none".to_string()
                     } else {

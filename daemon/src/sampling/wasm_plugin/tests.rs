@@ -188,6 +188,18 @@ fn unknown_names_bad_configs_and_misplaced_samplers_are_validation_errors() {
     assert_eq!(e.kind, ErrorKind::Validation);
     assert!(e.message.contains("min_tokens"), "{}", e.message);
     assert!(reg.instantiate(&[], 1, "t").expect("empty").is_none());
+    let long = "x".repeat(1000);
+    let e = reg
+        .instantiate(&[spec(&long, "{}")], 1, "t")
+        .expect_err("unknown long name");
+    assert!(
+        e.message.starts_with(&format!(
+            "plugins[0].name: no plugin named {:?} (cut) is loaded",
+            "x".repeat(64)
+        )),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
