@@ -9,31 +9,17 @@
 //! or `models/SmolLM2-135M-Instruct.Q4_1.gguf`; threads from `INFERD_BENCH_THREADS`
 //! (default: all cores).
 
+mod common;
+
 use std::path::PathBuf;
+
+use common::{model_path, size};
 use std::time::Instant;
 
 use candle_core::Device;
 use inferd::model::{load_gguf, KvBlockPool, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
 use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
 use inferd::request::SeqId;
-
-/// Sizes: prompt tokens, decoded tokens and repetitions (best of), each overridable by
-/// `INFERD_BENCH_PROMPT`, `INFERD_BENCH_DECODE`, `INFERD_BENCH_REPEATS` (for profiling).
-fn size(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn model_path() -> PathBuf {
-    std::env::var("INFERD_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
-}
 
 fn logits_of(model: &LlamaModel, cache: &mut SoloKv, tokens: &[u32]) -> Vec<f32> {
     match model

@@ -19,7 +19,11 @@
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf`; `INFERD_BENCH_DECODE` decode steps per
 //! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 21).
 
+mod common;
+
 use std::path::PathBuf;
+
+use common::{model_path, size};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,27 +38,11 @@ use inferd::tokenizer::TextTokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn size(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 fn plugin_dir() -> PathBuf {
     std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
         PathBuf::from,
     )
-}
-
-fn model_path() -> PathBuf {
-    std::env::var("INFERD_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
 }
 
 fn registry(vocab: PluginVocab, limits: PluginLimits) -> PluginRegistry {
