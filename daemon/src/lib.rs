@@ -11,6 +11,7 @@ pub mod detokenizer;
 pub mod error;
 pub mod model;
 pub mod model_runner;
+pub mod prefix_store;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;

@@ -1,0 +1,133 @@
+//! `PrefixStoreActor`: the disk tier on a `SyncArbiter` thread of its own, so sled
+//! reads and writes never run on the engine loop or the model runner.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use actix::{Actor, Handler, Message, MessageResult, SyncContext};
+
+use super::disk::{DiskCounters, DiskStore};
+use super::hash::BlockHash;
+
+/// Read the longest stored run of blocks (reply: their K/V payloads, in order; empty on
+/// a miss). Sent by the scheduler before a request is queued.
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<Vec<u8>>")]
+pub struct LookupRun {
+    /// Hashes of consecutive full blocks of the prompt.
+    pub hashes: Vec<BlockHash>,
+    /// Token ids of each of those blocks (verified against the entries).
+    pub tokens: Vec<Vec<u32>>,
+}
+
+/// Store one computed block (written behind generation; see [`PersistSink`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct StoreBlock {
+    /// The block's hash.
+    pub hash: BlockHash,
+    /// Its token ids.
+    pub tokens: Vec<u32>,
+    /// K/V bytes ([`crate::model::KvBlockPool::read_block`] layout).
+    pub kv: Vec<u8>,
+}
+
+/// Flush sled to disk (at shutdown, after every queued write).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Flush;
+
+/// Owns the [`DiskStore`]. Start with `SyncArbiter::start(1, ..)`.
+pub struct PrefixStoreActor {
+    store: Option<DiskStore>,
+    counters: Arc<DiskCounters>,
+}
+
+impl PrefixStoreActor {
+    /// Wraps an opened store.
+    pub fn new(store: DiskStore, counters: Arc<DiskCounters>) -> Self {
+        Self {
+            store: Some(store),
+            counters,
+        }
+    }
+}
+
+impl Actor for PrefixStoreActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<LookupRun> for PrefixStoreActor {
+    type Result = MessageResult<LookupRun>;
+
+    fn handle(&mut self, msg: LookupRun, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        let run = match self.store.as_mut() {
+            Some(s) => s.get_run(&msg.hashes, &msg.tokens),
+            None => Vec::new(),
+        };
+        MessageResult(run)
+    }
+}
+
+impl Handler<StoreBlock> for PrefixStoreActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: StoreBlock, _ctx: &mut SyncContext<Self>) {
+        self.counters
+            .queued_bytes
+            .fetch_sub(msg.kv.len() as u64, Ordering::Relaxed);
+        if let Some(s) = self.store.as_mut() {
+            s.put(&msg.hash, &msg.tokens, &msg.kv);
+        }
+    }
+}
+
+impl Handler<Flush> for PrefixStoreActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Flush, _ctx: &mut SyncContext<Self>) {
+        if let Some(s) = self.store.as_ref() {
+            match s.flush() {
+                Ok(n) => {
+                    tracing::info!(bytes = n, path = %s.path().display(), "prefix store flushed")
+                }
+                Err(e) => tracing::error!(error = %e, "prefix store flush failed"),
+            }
+        }
+    }
+}
+
+/// Where the model runner sends computed blocks: the store actor plus a bound on the
+/// bytes queued for it. A block offered while more than `max_queued_bytes` wait is
+/// dropped (and counted) instead of growing the queue: writing never slows a step.
+#[derive(Clone)]
+pub struct PersistSink {
+    /// The store.
+    pub recipient: actix::Recipient<StoreBlock>,
+    /// Shared counters (`queued_bytes`, `dropped_writes`).
+    pub counters: Arc<DiskCounters>,
+    /// Bound on queued K/V bytes.
+    pub max_queued_bytes: u64,
+}
+
+impl std::fmt::Debug for PersistSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PersistSink")
+            .field("max_queued_bytes", &self.max_queued_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PersistSink {
+    /// Queues one block for writing, or drops it when the queue is full.
+    pub fn offer(&self, block: StoreBlock) {
+        let n = block.kv.len() as u64;
+        let queued = self.counters.queued_bytes.fetch_add(n, Ordering::Relaxed);
+        if queued + n > self.max_queued_bytes {
+            self.counters.queued_bytes.fetch_sub(n, Ordering::Relaxed);
+            self.counters.dropped_writes.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.recipient.do_send(block);
+    }
+}

@@ -1,0 +1,25 @@
+//! The prefix KV store: reuse of the K/V of a prompt prefix computed before, in memory
+//! and on disk, across requests and restarts.
+//!
+//! - [`hash`]: chained SHA-256 block hashes and the model fingerprint.
+//! - [`memory`]: [`MemoryIndex`], the memory tier: hashed blocks of the KV pool,
+//!   reference-counted while used and LRU-evictable when not (used by the
+//!   scheduler's [`crate::scheduler::BlockManager`]).
+//! - [`entry`]: the checksummed on-disk value of one block.
+//! - [`disk`]: [`DiskStore`], the sled tier with its byte budget and LRU.
+//! - [`actor`]: [`PrefixStoreActor`], the disk tier on its own thread; the model runner
+//!   writes computed blocks to it behind generation through a [`PersistSink`], the
+//!   scheduler reads runs of blocks from it before queueing a request.
+//!
+//! The store knows neither the scheduler nor the runner: both use it.
+
+pub mod actor;
+pub mod disk;
+pub mod entry;
+pub mod hash;
+pub mod memory;
+
+pub use actor::{Flush, LookupRun, PersistSink, PrefixStoreActor, StoreBlock};
+pub use disk::{DiskCounters, DiskStore, StoreError};
+pub use hash::{chain_hash, root_hash, BlockHash, FingerprintParts, ModelFingerprint};
+pub use memory::MemoryIndex;
