@@ -308,6 +308,105 @@ impl KvBlockPool {
         Ok((k.contiguous()?, v.contiguous()?))
     }
 
+    /// Bytes of one block's K and V over every layer:
+    /// `layers × 2 × n_kv_head × block_size × head_dim × 2` (f16).
+    pub fn block_bytes(&self) -> usize {
+        self.layers.len() * 2 * self.block_elems() * KV_ELEMENT_BYTES
+    }
+
+    /// Copies out block `block`'s K and V: for each layer, K then V, each
+    /// `(n_kv_head, block_size, head_dim)` f16 little-endian ([`Self::block_bytes`]
+    /// bytes). The layout is the same for host and device pools, so it is what the
+    /// prefix store persists.
+    ///
+    /// # Errors
+    /// `block` out of range, or a device error.
+    pub fn read_block(&self, block: u32) -> candle_core::Result<Vec<u8>> {
+        self.check_block(block)?;
+        let (b, n) = (block as usize, self.block_elems());
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for layer in &self.layers {
+            match layer {
+                LayerStore::Host { k, v } => {
+                    for part in [&k[b * n..(b + 1) * n], &v[b * n..(b + 1) * n]] {
+                        for x in part {
+                            out.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+                LayerStore::Device { k, v } => {
+                    for t in [k, v] {
+                        let vals = t
+                            .narrow(0, b * self.block_size, self.block_size)?
+                            .transpose(0, 1)?
+                            .flatten_all()?
+                            .to_vec1::<f16>()?;
+                        for x in vals {
+                            out.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Overwrites block `block`'s K and V with `bytes` in the layout of
+    /// [`Self::read_block`].
+    ///
+    /// # Errors
+    /// `block` out of range, `bytes` not [`Self::block_bytes`] long, or a device error.
+    pub fn write_block(&mut self, block: u32, bytes: &[u8]) -> candle_core::Result<()> {
+        self.check_block(block)?;
+        if bytes.len() != self.block_bytes() {
+            candle_core::bail!(
+                "KV block data is {} bytes, a block of this model is {}",
+                bytes.len(),
+                self.block_bytes()
+            );
+        }
+        let (b, n) = (block as usize, self.block_elems());
+        let (bs, kvh, hd) = (self.block_size, self.n_kv_head, self.head_dim);
+        let device = self.device.clone();
+        let half_of = |chunk: &[u8]| -> Vec<f16> {
+            chunk
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        let mut parts = bytes.chunks_exact(n * KV_ELEMENT_BYTES);
+        for layer in &mut self.layers {
+            let (Some(kb), Some(vb)) = (parts.next(), parts.next()) else {
+                candle_core::bail!("KV block data ended early");
+            };
+            match layer {
+                LayerStore::Host { k, v } => {
+                    k[b * n..(b + 1) * n].copy_from_slice(&half_of(kb));
+                    v[b * n..(b + 1) * n].copy_from_slice(&half_of(vb));
+                }
+                LayerStore::Device { k, v } => {
+                    for (dst, src) in [(&*k, kb), (&*v, vb)] {
+                        let t = Tensor::from_vec(half_of(src), (kvh, bs, hd), &device)?
+                            .transpose(0, 1)?
+                            .contiguous()?;
+                        dst.slice_set(&t, 0, b * bs)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block(&self, block: u32) -> candle_core::Result<()> {
+        if block as usize >= self.num_blocks {
+            candle_core::bail!(
+                "block id {block} is out of range (the pool has {} blocks)",
+                self.num_blocks
+            );
+        }
+        Ok(())
+    }
+
     /// Host K and V arrays of `layer`, or `None` on a device pool.
     fn host_layer(&self, layer: usize) -> Option<(&[f16], &[f16])> {
         match self.layers.get(layer)? {
@@ -899,6 +998,67 @@ mod tests {
     /// The three-pass head kernel with the register accumulator (AVX2) gives the bits
     /// of the portable per-key loops, over a scattered block table, for decode rows and
     /// a prefill chunk (scores with repeated and falling maxima included).
+    /// `read_block` gives the same bytes for a host and a tensor-backed pool holding the
+    /// same K/V, and `write_block` of those bytes into another block reproduces it.
+    #[test]
+    fn block_bytes_round_trip_on_host_and_device_layouts() {
+        let config = crate::model::LlamaConfig {
+            n_layer: 2,
+            n_embd: 32,
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 8,
+            rope_dim: 8,
+            rope_theta: 10000.0,
+            rms_eps: 1e-5,
+            context_length: 64,
+            vocab_size: 10,
+        };
+        let (bs, blocks) = (4, 6);
+        let mut host = KvBlockPool::new(&config, bs, blocks, &Device::Cpu).unwrap();
+        let mut dev = KvBlockPool::new_tensor_backed(&config, bs, blocks, &Device::Cpu).unwrap();
+        assert_eq!(host.block_bytes(), 2 * 2 * 2 * 4 * 8 * 2);
+        let table = [3u32, 1];
+        let tokens = [0u32; 8];
+        let seq = ForwardSeq {
+            tokens: &tokens,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: false,
+        };
+        for layer in 0..2 {
+            let k = rand_vec(8 * 16, 10 + layer as u32);
+            let v = rand_vec(8 * 16, 20 + layer as u32);
+            host.write_host(layer, &[seq], &k, &v).unwrap();
+            let kt = Tensor::from_vec(k, (8, 2, 8), &Device::Cpu).unwrap();
+            let vt = Tensor::from_vec(v, (8, 2, 8), &Device::Cpu).unwrap();
+            dev.write_device(layer, &[seq], &kt, &vt).unwrap();
+        }
+        for b in [3u32, 1] {
+            let bytes = host.read_block(b).unwrap();
+            assert_eq!(bytes.len(), host.block_bytes());
+            assert_eq!(bytes, dev.read_block(b).unwrap(), "block {b}: same layout");
+            assert!(bytes.iter().any(|&x| x != 0));
+        }
+        let bytes = host.read_block(3).unwrap();
+        host.write_block(5, &bytes).unwrap();
+        dev.write_block(5, &bytes).unwrap();
+        assert_eq!(host.read_block(5).unwrap(), bytes);
+        assert_eq!(dev.read_block(5).unwrap(), bytes);
+        // Attention reads block 5 as it read block 3.
+        for layer in 0..2 {
+            let (a, _) = dev.gather_device(layer, &[3], 4).unwrap();
+            let (b, _) = dev.gather_device(layer, &[5], 4).unwrap();
+            assert_eq!(a.to_vec3::<f32>().unwrap(), b.to_vec3::<f32>().unwrap());
+            let (kc, vc) = host.host_layer(layer).unwrap();
+            let n = 2 * 4 * 8;
+            assert_eq!(kc[3 * n..4 * n], kc[5 * n..6 * n]);
+            assert_eq!(vc[3 * n..4 * n], vc[5 * n..6 * n]);
+        }
+        assert!(host.read_block(6).is_err());
+        assert!(host.write_block(0, &bytes[1..]).is_err());
+    }
+
     #[test]
     fn attention_head_simd_equals_scalar() {
         let config = crate::model::LlamaConfig {
