@@ -98,9 +98,13 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
                 start_pos: pos[i],
                 block_table: tables[i].clone(),
                 want_logits: true,
+                persist: Vec::new(),
             })
             .collect();
-        let out = runner.run(RunBatch { items });
+        let out = runner.run(RunBatch {
+            items,
+            loads: Vec::new(),
+        });
         for (i, item) in out.items.into_iter().enumerate() {
             let logits = match item.logits {
                 Ok(Some(l)) => l,

@@ -10,8 +10,13 @@ use tokio::net::TcpListener;
 use crate::config::Settings;
 use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
+use crate::prefix_store::{
+    DiskCounters, DiskStore, FingerprintParts, Flush, ModelFingerprint, PersistSink,
+    PrefixStoreActor,
+};
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
+use crate::scheduler::PrefixCaching;
 use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
 use crate::server::{serve, Engine};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
@@ -162,10 +167,41 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     );
     let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
-    let runner = Arc::new(Mutex::new(Some(ModelRunner::new(loaded.model, pool))));
+    let prefix = open_prefix_store(&settings, &cfg, &pool, loaded.model.device())?;
+    let mut model_runner = ModelRunner::new(loaded.model, pool);
+    let mut disk_store = None;
+    let mut prefix_caching = None;
+    if let Some((fingerprint, disk)) = prefix {
+        let counters = disk.as_ref().map(|(_, c)| c.clone());
+        prefix_caching = Some(PrefixCaching {
+            fingerprint,
+            disk: counters,
+        });
+        disk_store = disk;
+    }
+    let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let plugins = Arc::new(load_plugins(&settings, &tokenizer)?);
     let system = actix::System::new();
     let result = system.block_on(async move {
+        let store_addr = disk_store.map(|(store, counters)| {
+            let slot = Arc::new(Mutex::new(Some(store)));
+            let counters2 = counters.clone();
+            SyncArbiter::start(1, move || {
+                let taken = slot.lock().ok().and_then(|mut g| g.take());
+                PrefixStoreActor::new(
+                    taken.expect("prefix store factory called more than once"),
+                    counters2.clone(),
+                )
+            })
+        });
+        if let (Some(addr), Some(counters)) = (&store_addr, runner_persist) {
+            model_runner = model_runner.with_persist(PersistSink {
+                recipient: addr.clone().recipient(),
+                counters,
+                max_queued_bytes: settings.prefix_store.max_queued_bytes,
+            });
+        }
+        let runner = Arc::new(Mutex::new(Some(model_runner)));
         let runner_addr = SyncArbiter::start(1, move || {
             let taken = runner.lock().ok().and_then(|mut g| g.take());
             // SyncArbiter calls the factory once per thread and we start exactly one.
@@ -180,12 +216,17 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         };
         let engine_arbiter = Arbiter::new();
         let tok_for_sched = tokenizer.clone();
+        let store_for_sched = store_addr.clone();
         let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
-            SchedulerActor::new(
-                Scheduler::new(limits, BlockManager::new(num_blocks, block_size)),
-                runner_addr,
-                tok_for_sched,
-            )
+            let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
+            if let Some(p) = prefix_caching {
+                policy = policy.with_prefix_caching(p);
+            }
+            let actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
+            match store_for_sched {
+                Some(store) => actor.with_store(store),
+                None => actor,
+            }
         });
         let tok = tokenizer.clone();
         let sched_for_tok = scheduler.clone();
@@ -225,6 +266,12 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         serve(listener, engine, crate::shutdown::signal()).await;
         tracing::info!("shutting down");
         engine_arbiter.stop();
+        if let Some(store) = store_addr {
+            // Queued writes are handled first (the mailbox is FIFO), then sled flushes.
+            if let Err(e) = store.send(Flush).await {
+                tracing::error!(error = %e, "prefix store: flush at shutdown failed");
+            }
+        }
         anyhow::Ok(())
     });
     result
@@ -235,6 +282,71 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the Wasm engine cannot start or the directory exists but cannot be read.
+/// The disk tier with its counters, when `prefix_store.enabled`.
+type DiskTier = (DiskStore, Arc<DiskCounters>);
+
+/// The model fingerprint and, when enabled, the opened disk tier; `None` when prefix
+/// caching is off (`scheduler.prefix_caching = false`).
+///
+/// # Errors
+/// The weights file cannot be read for its fingerprint, or sled cannot open the store.
+fn open_prefix_store(
+    settings: &Settings,
+    cfg: &crate::model::LlamaConfig,
+    pool: &KvBlockPool,
+    device: &candle_core::Device,
+) -> anyhow::Result<Option<(ModelFingerprint, Option<DiskTier>)>> {
+    if !settings.scheduler.prefix_caching {
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let parts = FingerprintParts {
+        format_version: crate::prefix_store::entry::FORMAT_VERSION,
+        architecture: format!(
+            "llama layers={} embd={} heads={} kv_heads={} head_dim={} rope_dim={} \
+             rope_theta={} rms_eps={} vocab={}",
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.n_head,
+            cfg.n_kv_head,
+            cfg.head_dim,
+            cfg.rope_dim,
+            cfg.rope_theta,
+            cfg.rms_eps,
+            cfg.vocab_size
+        ),
+        kv_dtype: "f16",
+        block_size: pool.block_size(),
+        device: if device.is_cpu() { "cpu" } else { "cuda" },
+        weights_policy: format!("{:?}", settings.model.q4_1),
+    };
+    let fingerprint = ModelFingerprint::compute(&settings.model.path, &parts)
+        .with_context(|| format!("fingerprint of {}", settings.model.path.display()))?;
+    if !settings.prefix_store.enabled {
+        tracing::info!("prefix cache: memory tier only (prefix_store.enabled = false)");
+        return Ok(Some((fingerprint, None)));
+    }
+    let path = &settings.prefix_store.path;
+    std::fs::create_dir_all(path)
+        .with_context(|| format!("creating prefix_store.path {}", path.display()))?;
+    let counters = Arc::new(DiskCounters::default());
+    let store = DiskStore::open_or_reset(
+        path,
+        fingerprint,
+        pool.block_bytes(),
+        settings.prefix_store.max_bytes,
+        counters.clone(),
+    )
+    .context("opening the prefix store (prefix_store.path)")?;
+    tracing::info!(
+        fingerprint = ?fingerprint,
+        block_bytes = pool.block_bytes(),
+        open_ms = started.elapsed().as_millis() as u64,
+        "prefix cache: memory and disk tiers"
+    );
+    Ok(Some((fingerprint, Some((store, counters)))))
+}
+
 fn load_plugins(settings: &Settings, tokenizer: &TextTokenizer) -> anyhow::Result<PluginRegistry> {
     let started = std::time::Instant::now();
     let vocab = Arc::new(PluginVocab::from_tokenizer(tokenizer));

@@ -127,6 +127,10 @@ pub struct SchedulerConfig {
     /// Tokens per KV block.
     #[serde(deserialize_with = "whole_number")]
     pub block_size: usize,
+    /// Automatic prefix caching in the KV pool (the memory tier): full blocks keep
+    /// their hash after use and a prompt starting with the same tokens reuses them.
+    /// The disk tier (`[prefix_store]`) needs it.
+    pub prefix_caching: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -138,6 +142,7 @@ impl Default for SchedulerConfig {
             attention_cost_tokens: 1024,
             kv_cache_bytes: 256 << 20,
             block_size: 16,
+            prefix_caching: true,
         }
     }
 }
@@ -204,6 +209,62 @@ impl PluginsConfig {
     }
 }
 
+/// `[prefix_store]`: the disk tier of the prefix cache (sled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixStoreConfig {
+    /// Whether full KV blocks are also kept on disk, across restarts.
+    pub enabled: bool,
+    /// Directory of the sled database. Default: `$STATE_DIRECTORY/prefix-store` (set by
+    /// systemd's `StateDirectory=`), else `$XDG_STATE_HOME/inferd/prefix-store`, else
+    /// `~/.local/state/inferd/prefix-store`.
+    pub path: PathBuf,
+    /// Budget of stored entries, bytes; least recently used blocks are evicted beyond it.
+    #[serde(deserialize_with = "whole_number")]
+    pub max_bytes: u64,
+    /// Bytes of computed blocks waiting to be written; blocks offered beyond it are
+    /// not stored (the step never waits for the disk).
+    #[serde(deserialize_with = "whole_number")]
+    pub max_queued_bytes: u64,
+}
+
+/// The default state directory of the daemon (see [`PrefixStoreConfig::path`]).
+pub fn default_state_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("STATE_DIRECTORY") {
+        // systemd may pass several, separated by ':'; the first is ours.
+        let first = d
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        return PathBuf::from(first);
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return d.join("inferd");
+    }
+    if let Some(h) = env("HOME") {
+        return h.join(".local/state/inferd");
+    }
+    PathBuf::from("inferd-state")
+}
+
+impl Default for PrefixStoreConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: default_state_dir().join("prefix-store"),
+            max_bytes: 4 << 30,
+            max_queued_bytes: 256 << 20,
+        }
+    }
+}
+
 /// `[log]`: logging.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -237,6 +298,8 @@ pub struct Settings {
     pub tokenizer: TokenizerConfig,
     /// Wasm plugins.
     pub plugins: PluginsConfig,
+    /// Disk tier of the prefix cache.
+    pub prefix_store: PrefixStoreConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -397,6 +460,22 @@ impl Settings {
             return bad(format!(
                 "plugins.log_lines_per_request must be in [0, 1000000] (got {})",
                 p.log_lines_per_request
+            ));
+        }
+        let ps = &self.prefix_store;
+        if ps.enabled && ps.path.as_os_str().is_empty() {
+            return bad("prefix_store.path must not be empty".into());
+        }
+        if !((1 << 20)..=(1u64 << 50)).contains(&ps.max_bytes) {
+            return bad(format!(
+                "prefix_store.max_bytes must be in [1048576, 1125899906842624] (got {})",
+                ps.max_bytes
+            ));
+        }
+        if !((1 << 20)..=(1u64 << 40)).contains(&ps.max_queued_bytes) {
+            return bad(format!(
+                "prefix_store.max_queued_bytes must be in [1048576, 1099511627776] (got {})",
+                ps.max_queued_bytes
             ));
         }
         let s = &self.sampling;

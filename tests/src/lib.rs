@@ -78,6 +78,9 @@ pub fn inferd_binary() -> PathBuf {
 /// A running daemon; killed on drop.
 pub struct Daemon {
     child: Child,
+    /// The prefix store directory this daemon got when the caller named none (removed
+    /// with the daemon).
+    _store_dir: Option<tempfile::TempDir>,
     /// `ws://127.0.0.1:PORT/v1/ws`.
     pub url: String,
     /// stderr lines collected so far are available through [`Daemon::stderr_tail`].
@@ -114,6 +117,14 @@ impl Daemon {
             // The bundled plugins, built by scripts/build-plugins.sh (absolute: the
             // daemon's working directory is the test's).
             .env("INFERD__PLUGINS__DIR", plugins_dir());
+        // Every daemon gets its own prefix store unless the test names one (two sled
+        // databases cannot share a directory).
+        let mut store_dir = None;
+        if !env.iter().any(|(k, _)| *k == "INFERD__PREFIX_STORE__PATH") {
+            let dir = tempfile::tempdir().context("prefix store tempdir")?;
+            cmd.env("INFERD__PREFIX_STORE__PATH", dir.path());
+            store_dir = Some(dir);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -147,9 +158,38 @@ impl Daemon {
         };
         Ok(Self {
             child,
+            _store_dir: store_dir,
             url,
             stderr: lines,
         })
+    }
+
+    /// Sends `signal` (`"TERM"`, `"KILL"`, ...) to the daemon with `kill(1)`.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -{signal} failed: {status}");
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its exit code (`None`
+    /// when killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<i32>> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.code());
+            }
+            if std::time::Instant::now() > end {
+                bail!("inferd did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Collected stderr output.

@@ -9,7 +9,9 @@ use serde_json::{Map, Number, Value};
 
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
-use crate::request::{ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams};
+use crate::request::{
+    CacheOptions, ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams,
+};
 
 /// Longest accepted `id`, in characters.
 pub const MAX_ID_CHARS: usize = 256;
@@ -38,7 +40,11 @@ const GENERATE_FIELDS: &[&str] = &[
     "seed",
     "stop",
     "plugins",
+    "cache",
+    "cache_salt",
 ];
+/// Longest `cache_salt`, bytes of UTF-8.
+pub const MAX_CACHE_SALT_BYTES: usize = 256;
 const PLUGIN_ENTRY_FIELDS: &[&str] = &["name", "config"];
 /// Most plugins one request may name.
 pub const MAX_PLUGINS_PER_REQUEST: usize = 8;
@@ -240,12 +246,45 @@ fn parse_generate(
         None => Vec::new(),
         Some(v) => parse_plugins(v)?,
     };
+    let cache = parse_cache(obj)?;
     Ok(ClientMessage::Generate(GenerateRequest {
         client_id: id,
         input,
         sampling,
         plugins,
+        cache,
     }))
+}
+
+/// `cache` (boolean, default true) and `cache_salt` (string of 1..=256 bytes).
+fn parse_cache(obj: &Map<String, Value>) -> VResult<CacheOptions> {
+    let enabled = match optional(obj, "cache") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(InferError::validation(format!(
+                "cache must be a boolean (got {})",
+                quote(v)
+            )))
+        }
+    };
+    let salt = match optional(obj, "cache_salt") {
+        None => String::new(),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_CACHE_SALT_BYTES => s.clone(),
+        Some(Value::String(s)) => {
+            return Err(InferError::validation(format!(
+                "cache_salt must be 1 to {MAX_CACHE_SALT_BYTES} bytes (got {} bytes)",
+                s.len()
+            )))
+        }
+        Some(v) => {
+            return Err(InferError::validation(format!(
+                "cache_salt must be a string (got {})",
+                quote(v)
+            )))
+        }
+    };
+    Ok(CacheOptions { enabled, salt })
 }
 
 /// `plugins`: an array of `{"name": string, "config": any JSON (default {})}`. Whether

@@ -70,9 +70,13 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
                 start_pos: pos[i],
                 block_table: tables[i].clone(),
                 want_logits: true,
+                persist: Vec::new(),
             })
             .collect();
-        let step = runner.run(RunBatch { items });
+        let step = runner.run(RunBatch {
+            items,
+            loads: Vec::new(),
+        });
         for (i, item) in step.items.into_iter().enumerate() {
             let l = item.logits.expect("forward").expect("logits");
             pos[i] += next[i].len();
@@ -127,6 +131,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 start_pos: long_pos,
                 block_table: t_long.clone(),
                 want_logits: long_pos + chunk == long.len(),
+                persist: Vec::new(),
             },
             BatchItem {
                 seq: SeqId(2),
@@ -134,9 +139,16 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 start_pos: short_pos,
                 block_table: t_short.clone(),
                 want_logits: true,
+                persist: Vec::new(),
             },
         ];
-        let mut out = runner.run(RunBatch { items }).items.into_iter();
+        let mut out = runner
+            .run(RunBatch {
+                items,
+                loads: Vec::new(),
+            })
+            .items
+            .into_iter();
         let l = out.next().expect("long").logits.expect("forward");
         assert_eq!(
             l.is_some(),
@@ -203,6 +215,7 @@ fn bad_block_tables_are_errors_not_panics() {
         start_pos: 0,
         block_table: table,
         want_logits: true,
+        persist: Vec::new(),
     };
     for (tokens, table, want) in [
         (
@@ -219,6 +232,7 @@ fn bad_block_tables_are_errors_not_panics() {
     ] {
         let out = runner.run(RunBatch {
             items: vec![item(tokens, table)],
+            loads: Vec::new(),
         });
         let e = out.items[0].logits.as_ref().expect_err("must fail");
         assert!(e.message.contains(want), "{}", e.message);

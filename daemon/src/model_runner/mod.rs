@@ -5,7 +5,9 @@ mod actor;
 mod runner;
 
 pub use actor::ModelRunnerActor;
-pub use runner::{BatchItem, ItemOutput, ModelRunner, RunBatch, StepOutput};
+pub use runner::{
+    BatchItem, BlockLoad, ItemOutput, ModelRunner, PersistBlock, RunBatch, StepOutput,
+};
 
 use candle_core::Device;
 

@@ -3,7 +3,30 @@
 
 use crate::error::InferError;
 use crate::model::{ForwardSeq, KvBlockPool, LlamaModel};
+use crate::prefix_store::{BlockHash, PersistSink, StoreBlock};
 use crate::request::SeqId;
+
+/// A full block to copy out after the step's forward pass and hand to the prefix
+/// store (the step computes its last positions).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PersistBlock {
+    /// Pool block holding it.
+    pub block: u32,
+    /// Its chained hash.
+    pub hash: BlockHash,
+    /// Its token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// K/V from the prefix store's disk tier to write into a pool block before the step's
+/// forward pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockLoad {
+    /// Destination pool block.
+    pub block: u32,
+    /// [`KvBlockPool::read_block`] layout, [`KvBlockPool::block_bytes`] long.
+    pub kv: Vec<u8>,
+}
 
 /// Work for one sequence in one step.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +43,8 @@ pub struct BatchItem {
     pub block_table: Vec<u32>,
     /// Whether to return the logits of the last token.
     pub want_logits: bool,
+    /// Blocks this step completes that the prefix store should keep.
+    pub persist: Vec<PersistBlock>,
 }
 
 /// One engine step: the items run together in one forward pass.
@@ -27,12 +52,14 @@ pub struct BatchItem {
 pub struct RunBatch {
     /// Forward work for this step.
     pub items: Vec<BatchItem>,
+    /// Prefix-cache blocks to load before the forward pass.
+    pub loads: Vec<BlockLoad>,
 }
 
 impl RunBatch {
-    /// Whether there is no work.
+    /// Whether there is no work (loads come with items).
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.items.is_empty() && self.loads.is_empty()
     }
 
     /// Tokens in the step (decode tokens plus prefill chunk tokens).
@@ -64,12 +91,28 @@ pub struct StepOutput {
 pub struct ModelRunner {
     model: LlamaModel,
     pool: KvBlockPool,
+    persist: Option<PersistSink>,
 }
 
 impl ModelRunner {
     /// Wraps a loaded model and its KV pool.
     pub fn new(model: LlamaModel, pool: KvBlockPool) -> Self {
-        Self { model, pool }
+        Self {
+            model,
+            pool,
+            persist: None,
+        }
+    }
+
+    /// Sends the blocks batches ask to persist to `sink` (the prefix store's disk tier).
+    pub fn with_persist(mut self, sink: PersistSink) -> Self {
+        self.persist = Some(sink);
+        self
+    }
+
+    /// The KV pool.
+    pub fn pool(&self) -> &KvBlockPool {
+        &self.pool
     }
 
     /// The model.
@@ -77,8 +120,31 @@ impl ModelRunner {
         &self.model
     }
 
-    /// Executes one step as one batched forward pass.
+    /// Executes one step: loads prefix-store blocks into the pool, runs one batched
+    /// forward pass, then copies out the blocks to persist and offers them to the store
+    /// (dropped when its queue is full; never waited on).
     pub fn run(&mut self, batch: RunBatch) -> StepOutput {
+        for load in &batch.loads {
+            if let Err(e) = self.pool.write_block(load.block, &load.kv) {
+                let e = InferError::internal(format!(
+                    "loading a cached KV block failed: {}",
+                    crate::model::candle_error_message(&e)
+                ));
+                return StepOutput {
+                    items: batch
+                        .items
+                        .iter()
+                        .map(|i| ItemOutput {
+                            seq: i.seq,
+                            logits: Err(e.clone()),
+                        })
+                        .collect(),
+                };
+            }
+        }
+        if batch.items.is_empty() {
+            return StepOutput::default();
+        }
         let seqs: Vec<ForwardSeq<'_>> = batch
             .items
             .iter()
@@ -102,6 +168,21 @@ impl ModelRunner {
         let mut out = StepOutput {
             items: Vec::with_capacity(batch.items.len()),
         };
+        if let (Ok(_), Some(sink)) = (&result, &self.persist) {
+            for p in batch.items.iter().flat_map(|i| &i.persist) {
+                match self.pool.read_block(p.block) {
+                    Ok(kv) => sink.offer(StoreBlock {
+                        hash: p.hash,
+                        tokens: p.tokens.clone(),
+                        kv,
+                    }),
+                    Err(e) => tracing::warn!(
+                        error = %crate::model::candle_error_message(&e),
+                        "reading a KV block for the prefix store failed"
+                    ),
+                }
+            }
+        }
         match result {
             Ok(rows) => {
                 let mut rows = rows.unwrap_or_default().into_iter();

@@ -111,6 +111,25 @@ pub struct PluginSpec {
     pub config: String,
 }
 
+/// A request's prefix-cache options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// Whether the request reads and writes the prefix cache (`"cache"`, default true).
+    pub enabled: bool,
+    /// `cache_salt`: enters the root of the block hash chain, so only requests with the
+    /// same salt share blocks (empty: the shared, unsalted chain).
+    pub salt: String,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            salt: String::new(),
+        }
+    }
+}
+
 /// A validated generate request as it enters the tokenizer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateRequest {
@@ -123,6 +142,8 @@ pub struct GenerateRequest {
     /// Wasm plugins applied at every decode step, in order (processors, then at most one
     /// sampler, last). Empty for none.
     pub plugins: Vec<PluginSpec>,
+    /// Prefix caching (`cache`, `cache_salt`).
+    pub cache: CacheOptions,
 }
 
 /// Why generation ended (`done.finish_reason`).

@@ -12,12 +12,13 @@ use actix::{
 
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
+use crate::prefix_store::{chain_hash, root_hash, LookupRun, PrefixStoreActor};
 use crate::request::{FinishReason, SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
 
 use super::policy::{EngineStats, Scheduler};
-use super::sequence::{Sequence, TokenOutcome, TokenizedRequest};
+use super::sequence::{DiskHit, Sequence, TokenOutcome, TokenizedRequest};
 
 /// Queue a tokenized request (from the tokenizer stage).
 #[derive(Debug, Message)]
@@ -45,6 +46,7 @@ pub struct SchedulerActor {
     scheduler: Scheduler,
     runner: Addr<ModelRunnerActor>,
     tokenizer: Arc<TextTokenizer>,
+    store: Option<Addr<PrefixStoreActor>>,
     step_in_flight: bool,
     last_stats_log: Instant,
 }
@@ -61,9 +63,69 @@ impl SchedulerActor {
             scheduler,
             runner,
             tokenizer,
+            store: None,
             step_in_flight: false,
             last_stats_log: Instant::now(),
         }
+    }
+
+    /// Reads prompt prefixes from the prefix store's disk tier before queueing.
+    pub fn with_store(mut self, store: Addr<PrefixStoreActor>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The disk lookup for `req`'s prompt: the full blocks after those the memory tier
+    /// holds, up to `⌊(prompt − 1) / block_size⌋`; `None` when there is nothing to ask
+    /// (no disk tier, caching off for the request, or memory holds them all).
+    fn disk_lookup(&self, req: &TokenizedRequest) -> Option<(LookupRun, usize)> {
+        self.store.as_ref()?;
+        let prefix = self.scheduler.prefix_caching()?;
+        if !req.cache.enabled || req.prompt.is_empty() {
+            return None;
+        }
+        let bs = self.scheduler.blocks().block_size();
+        let cap = (req.prompt.len() - 1) / bs;
+        let tokens: Vec<Vec<u32>> = req.prompt[..cap * bs]
+            .chunks(bs)
+            .map(<[u32]>::to_vec)
+            .collect();
+        let mut hashes = Vec::with_capacity(cap);
+        let mut parent = root_hash(&prefix.fingerprint, &req.cache.salt);
+        for t in &tokens {
+            parent = chain_hash(&parent, &prefix.fingerprint, t);
+            hashes.push(parent);
+        }
+        let m = self
+            .scheduler
+            .blocks()
+            .match_prefix(&hashes, |i| tokens[i].clone())
+            .len();
+        if m >= cap {
+            return None;
+        }
+        Some((
+            LookupRun {
+                hashes: hashes[m..].to_vec(),
+                tokens: tokens[m..].to_vec(),
+            },
+            m,
+        ))
+    }
+
+    /// Queues `req` and runs a step.
+    fn submit(&mut self, req: TokenizedRequest, ctx: &mut Context<Self>) {
+        if req.cancel.is_cancelled() {
+            self.end_cancelled(Sequence::new(req, 0));
+            return;
+        }
+        if let Err(rejected) = self.scheduler.submit(req) {
+            let (req, error) = *rejected;
+            tracing::warn!(id = %req.client_id, error = %error.message, "request rejected");
+            let _ = req.events.send(StreamEvent::Error(error));
+            return;
+        }
+        self.step(ctx);
     }
 
     fn log_stats(&mut self) {
@@ -163,9 +225,9 @@ impl SchedulerActor {
     /// Samples, detokenizes and streams the results of one step.
     fn on_step(&mut self, out: StepOutput) {
         for item in out.items {
-            let Some(seq) = self.scheduler.running_mut(item.seq) else {
+            if self.scheduler.running_mut(item.seq).is_none() {
                 continue;
-            };
+            }
             let logits = match item.logits {
                 Ok(l) => l,
                 Err(e) => {
@@ -175,7 +237,10 @@ impl SchedulerActor {
                     continue;
                 }
             };
-            seq.computed += std::mem::take(&mut seq.in_flight);
+            self.scheduler.commit_step(item.seq);
+            let Some(seq) = self.scheduler.running_mut(item.seq) else {
+                continue;
+            };
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
@@ -230,13 +295,32 @@ impl Handler<Submit> for SchedulerActor {
             self.end_cancelled(Sequence::new(req, 0));
             return;
         }
-        if let Err(rejected) = self.scheduler.submit(req) {
-            let (req, error) = *rejected;
-            tracing::warn!(id = %req.client_id, error = %error.message, "request rejected");
-            let _ = req.events.send(StreamEvent::Error(error));
+        let (Some(store), Some((lookup, first_block))) =
+            (self.store.clone(), self.disk_lookup(&req))
+        else {
+            self.submit(req, ctx);
             return;
-        }
-        self.step(ctx);
+        };
+        // The disk read runs on the store's thread; the request is queued when it
+        // returns (with whatever run of blocks was intact).
+        let fut = store
+            .send(lookup)
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                let mut req = req;
+                match res {
+                    Ok(blocks) if !blocks.is_empty() => {
+                        req.disk_hit = Some(DiskHit {
+                            first_block,
+                            blocks,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "prefix store unavailable"),
+                }
+                act.submit(req, ctx);
+            });
+        ctx.spawn(fut);
     }
 }
 

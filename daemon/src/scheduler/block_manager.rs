@@ -5,9 +5,17 @@
 //! `table[p / block_size]`), blocks carry reference counts so several sequences can
 //! share one (a common prefix: vLLM's `BlockSpaceManager` and copy-on-write forks), and
 //! a block returns to the free list when its count drops to zero.
+//!
+//! With prefix caching, full blocks are registered in a [`MemoryIndex`] under their
+//! chained hash: such a block, when its count drops to zero, stays cached (evictable,
+//! LRU) instead of joining the free list, and a later sequence with the same prefix
+//! takes it back with [`BlockManager::admit_with_prefix`]. Allocation uses never-hashed
+//! free blocks first and evicts the least recently released cached block only when
+//! none is left.
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::prefix_store::{BlockHash, MemoryIndex};
 use crate::request::SeqId;
 
 /// Index of a block in the KV pool.
@@ -32,6 +40,8 @@ pub struct BlockManager {
     /// Free blocks, lowest id first when the pool is fresh (FIFO reuse).
     free: VecDeque<BlockId>,
     tables: HashMap<SeqId, Vec<BlockId>>,
+    /// Hashed (prefix-cached) blocks, owned or evictable.
+    cached: MemoryIndex,
 }
 
 impl BlockManager {
@@ -42,6 +52,7 @@ impl BlockManager {
             ref_counts: vec![0; num_blocks],
             free: (0..num_blocks as BlockId).collect(),
             tables: HashMap::new(),
+            cached: MemoryIndex::new(),
         }
     }
 
@@ -55,9 +66,20 @@ impl BlockManager {
         self.ref_counts.len()
     }
 
-    /// Blocks with no owner.
+    /// Blocks with no owner: never-hashed free blocks plus evictable cached ones.
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.cached.evictable_blocks()
+    }
+
+    /// The memory tier of the prefix cache (read only).
+    pub fn cache(&self) -> &MemoryIndex {
+        &self.cached
+    }
+
+    /// Takes a block for a new owner: a never-hashed free block, else the least
+    /// recently released cached one (its hash is dropped).
+    fn take_block(&mut self) -> Option<BlockId> {
+        self.free.pop_front().or_else(|| self.cached.evict_lru())
     }
 
     /// Blocks owned by at least one sequence.
@@ -95,21 +117,80 @@ impl BlockManager {
         if needed == 0 {
             return Ok(());
         }
-        if needed > self.free.len() {
-            return Err(OutOfBlocks {
-                needed,
-                free: self.free.len(),
-            });
+        let free = self.free_blocks();
+        if needed > free {
+            return Err(OutOfBlocks { needed, free });
         }
-        let table = self.tables.entry(seq).or_default();
+        let mut new = Vec::with_capacity(needed);
         for _ in 0..needed {
-            let Some(b) = self.free.pop_front() else {
+            let Some(b) = self.take_block() else {
                 break; // unreachable: checked above
             };
             self.ref_counts[b as usize] = 1;
-            table.push(b);
+            new.push(b);
         }
+        self.tables.entry(seq).or_default().extend(new);
         Ok(())
+    }
+
+    /// The longest run of cached blocks holding the prefix blocks `hashes[0..]` (whose
+    /// token ids `block_tokens(i)` gives; verified, not only the hash).
+    pub fn match_prefix(
+        &self,
+        hashes: &[BlockHash],
+        mut block_tokens: impl FnMut(usize) -> Vec<u32>,
+    ) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for (i, h) in hashes.iter().enumerate() {
+            match self.cached.lookup(h, &block_tokens(i)) {
+                Some(b) => out.push(b),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// How many of `blocks` (cached) are evictable now: taking them for a prefix hit
+    /// removes them from [`Self::free_blocks`].
+    pub fn evictable_among(&self, blocks: &[BlockId]) -> usize {
+        blocks
+            .iter()
+            .filter(|&&b| self.cached.is_evictable(b))
+            .count()
+    }
+
+    /// Gives `seq` (owning nothing yet) the cached blocks `hit` as the start of its
+    /// table, then new blocks up to `tokens` positions. All or nothing.
+    ///
+    /// # Errors
+    /// [`OutOfBlocks`] when the new blocks do not fit besides the hits.
+    pub fn admit_with_prefix(
+        &mut self,
+        seq: SeqId,
+        hit: &[BlockId],
+        tokens: usize,
+    ) -> Result<(), OutOfBlocks> {
+        let needed = self.blocks_for(tokens).saturating_sub(hit.len());
+        let free = self.free_blocks() - self.evictable_among(hit);
+        if needed > free {
+            return Err(OutOfBlocks { needed, free });
+        }
+        for &b in hit {
+            self.cached.acquire(b);
+            self.ref_counts[b as usize] += 1;
+        }
+        self.tables.entry(seq).or_default().extend_from_slice(hit);
+        self.ensure(seq, tokens)
+    }
+
+    /// Registers `seq`'s block at table index `index` (fully computed) as holding the
+    /// prefix block `hash` / `tokens`. Returns false when the hash is already cached in
+    /// another block or the block already holds a hash.
+    pub fn register(&mut self, seq: SeqId, index: usize, hash: BlockHash, tokens: &[u32]) -> bool {
+        let Some(&b) = self.table(seq).get(index) else {
+            return false;
+        };
+        self.cached.register(b, hash, tokens)
     }
 
     /// Makes `dst` share the first `n_blocks` blocks of `src` (reference counts go up);
@@ -129,8 +210,8 @@ impl BlockManager {
         self.ref_counts.get(b as usize).copied().unwrap_or(0)
     }
 
-    /// Releases every block of `seq`; blocks no other sequence holds become free.
-    /// Returns how many blocks became free.
+    /// Releases every block of `seq`; blocks no other sequence holds become free
+    /// (cached ones evictable). Returns how many blocks became free.
     pub fn free(&mut self, seq: SeqId) -> usize {
         let Some(table) = self.tables.remove(&seq) else {
             return 0;
@@ -140,7 +221,11 @@ impl BlockManager {
             let rc = &mut self.ref_counts[b as usize];
             *rc = rc.saturating_sub(1);
             if *rc == 0 {
-                self.free.push_back(b);
+                if self.cached.is_cached(b) {
+                    self.cached.release(b);
+                } else {
+                    self.free.push_back(b);
+                }
                 freed += 1;
             }
         }

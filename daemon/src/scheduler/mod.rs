@@ -15,8 +15,10 @@ pub mod sequence;
 
 pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
-pub use policy::{EngineStats, Scheduler, SchedulerLimits};
-pub use sequence::{Sequence, TokenizedRequest};
+pub use policy::{EngineStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits};
+pub use sequence::{DiskHit, Sequence, TokenizedRequest};
 
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod tests;

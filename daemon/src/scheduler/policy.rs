@@ -16,9 +16,12 @@
 //! recompute preemption). Its stream pauses; nothing is lost or sent twice.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::error::{ErrorKind, InferError};
-use crate::model_runner::{BatchItem, RunBatch};
+use crate::model_runner::{BatchItem, BlockLoad, PersistBlock, RunBatch};
+use crate::prefix_store::{DiskCounters, ModelFingerprint};
 use crate::request::SeqId;
 
 use super::block_manager::BlockManager;
@@ -52,8 +55,52 @@ impl SchedulerLimits {
     }
 }
 
+/// Prefix caching as the scheduler uses it.
+#[derive(Debug, Clone)]
+pub struct PrefixCaching {
+    /// Fingerprint of the model and KV layout (enters every block hash).
+    pub fingerprint: ModelFingerprint,
+    /// The disk tier's counters when it is enabled (full blocks are then sent to it).
+    pub disk: Option<Arc<DiskCounters>>,
+}
+
+/// Prefix cache counters (`stats.prefix_cache`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct PrefixCacheStats {
+    /// Whether prefix caching is on (`prefix_store.enabled`).
+    pub enabled: bool,
+    /// Whether the disk tier is on.
+    pub disk_enabled: bool,
+    /// Prompt tokens of admitted requests that used the cache.
+    pub prompt_tokens: u64,
+    /// Of those, tokens whose K/V came from the cache (memory or disk).
+    pub hit_tokens: u64,
+    /// `hit_tokens / prompt_tokens` (0 when no prompt was seen).
+    pub hit_rate: f64,
+    /// Tokens served from the memory tier.
+    pub memory_hit_tokens: u64,
+    /// Tokens served from the disk tier.
+    pub disk_hit_tokens: u64,
+    /// KV pool blocks holding a cached prefix block (in use or evictable).
+    pub memory_blocks: usize,
+    /// Of those, blocks no sequence uses (reusable, evicted LRU first).
+    pub memory_evictable_blocks: usize,
+    /// Blocks in the disk tier.
+    pub disk_blocks: u64,
+    /// Bytes of the disk tier's entries.
+    pub disk_bytes: u64,
+    /// Blocks written to disk since start.
+    pub disk_written_blocks: u64,
+    /// Blocks evicted from disk to stay within `prefix_store.max_bytes`.
+    pub disk_evicted_blocks: u64,
+    /// Disk entries that failed verification (corrupt, truncated), deleted.
+    pub disk_dropped_corrupt: u64,
+    /// Blocks not written because the write queue was full.
+    pub disk_dropped_writes: u64,
+}
+
 /// Engine counters, for the `stats` message and the log.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     /// Sequences running (admitted, holding KV blocks).
     pub running: usize,
@@ -73,6 +120,8 @@ pub struct EngineStats {
     pub tokens_generated: u64,
     /// Forward passes (engine steps) since start.
     pub steps: u64,
+    /// Prefix cache counters.
+    pub prefix_cache: PrefixCacheStats,
 }
 
 /// Queues, running set and KV blocks.
@@ -87,10 +136,14 @@ pub struct Scheduler {
     preemptions_total: u64,
     tokens_generated: u64,
     steps: u64,
+    prefix: Option<PrefixCaching>,
+    prefix_stats: PrefixCacheStats,
+    /// Disk blocks to load in the next step.
+    loads: Vec<BlockLoad>,
 }
 
 impl Scheduler {
-    /// An empty scheduler over the KV blocks of `blocks`.
+    /// An empty scheduler over the KV blocks of `blocks`, without prefix caching.
     pub fn new(limits: SchedulerLimits, blocks: BlockManager) -> Self {
         Self {
             limits,
@@ -100,7 +153,23 @@ impl Scheduler {
             preemptions_total: 0,
             tokens_generated: 0,
             steps: 0,
+            prefix: None,
+            prefix_stats: PrefixCacheStats::default(),
+            loads: Vec::new(),
         }
+    }
+
+    /// Turns prefix caching on.
+    pub fn with_prefix_caching(mut self, prefix: PrefixCaching) -> Self {
+        self.prefix_stats.enabled = true;
+        self.prefix_stats.disk_enabled = prefix.disk.is_some();
+        self.prefix = Some(prefix);
+        self
+    }
+
+    /// The prefix caching settings, when on.
+    pub fn prefix_caching(&self) -> Option<&PrefixCaching> {
+        self.prefix.as_ref()
     }
 
     /// Number of running sequences.
@@ -135,7 +204,29 @@ impl Scheduler {
             kv_block_size: self.blocks.block_size(),
             tokens_generated: self.tokens_generated,
             steps: self.steps,
+            prefix_cache: self.prefix_cache_stats(),
         }
+    }
+
+    fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        let mut p = self.prefix_stats;
+        p.hit_rate = if p.prompt_tokens == 0 {
+            0.0
+        } else {
+            p.hit_tokens as f64 / p.prompt_tokens as f64
+        };
+        p.memory_blocks = self.blocks.cache().cached_blocks();
+        p.memory_evictable_blocks = self.blocks.cache().evictable_blocks();
+        if let Some(d) = self.prefix.as_ref().and_then(|p| p.disk.as_ref()) {
+            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            p.disk_blocks = get(&d.blocks);
+            p.disk_bytes = get(&d.bytes);
+            p.disk_written_blocks = get(&d.written_blocks);
+            p.disk_evicted_blocks = get(&d.evicted_blocks);
+            p.disk_dropped_corrupt = get(&d.dropped_corrupt);
+            p.disk_dropped_writes = get(&d.dropped_writes);
+        }
+        p
     }
 
     /// Counts one generated token (for [`EngineStats::tokens_generated`]).
@@ -201,7 +292,9 @@ impl Scheduler {
         // A sequence alone must always fit in the pool, or it could never be resumed
         // after a preemption.
         let budget = req.sampling.max_tokens.min(ctx - n).min(kv_tokens - n);
-        self.waiting.push_back(Sequence::new(req, budget));
+        let fp = self.prefix.as_ref().map(|p| &p.fingerprint);
+        self.waiting
+            .push_back(Sequence::with_cache(req, budget, fp));
         Ok(())
     }
 
@@ -279,22 +372,26 @@ impl Scheduler {
             let Some(head) = self.waiting.front() else {
                 break;
             };
-            let need = self.blocks.blocks_for(head.total_len());
+            let total = head.total_len();
             let reserve = if self.running.is_empty() {
                 0
             } else {
                 self.watermark()
             };
-            if need + reserve > self.blocks.free_blocks() {
+            let (hits, from_disk) = self.plan_prefix();
+            let need = self.blocks.blocks_for(total) - hits.len();
+            let free = self.blocks.free_blocks() - self.blocks.evictable_among(&hits);
+            if need + reserve > free {
                 break;
             }
-            let Some(seq) = self.waiting.pop_front() else {
+            let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            if self.blocks.ensure(seq.id, seq.total_len()).is_err() {
+            if self.blocks.admit_with_prefix(seq.id, &hits, total).is_err() {
                 self.waiting.push_front(seq); // unreachable: checked above
                 break;
             }
+            self.start_from_cache(&mut seq, hits.len(), from_disk);
             if !seq.started {
                 admitted.push(seq.id);
             }
@@ -325,23 +422,149 @@ impl Scheduler {
             budget -= n;
             s.in_flight = n;
         }
-        let blocks = &self.blocks;
-        let items: Vec<BatchItem> = self
-            .running
-            .iter()
-            .filter(|s| s.in_flight > 0)
-            .map(|s| BatchItem {
+        let mut items = Vec::new();
+        for i in 0..self.running.len() {
+            if self.running[i].in_flight == 0 {
+                continue;
+            }
+            let persist = self.blocks_to_persist(i);
+            let s = &self.running[i];
+            items.push(BatchItem {
                 seq: s.id,
                 tokens: s.pending_tokens(s.in_flight),
                 start_pos: s.computed,
-                block_table: blocks.table(s.id).to_vec(),
+                block_table: self.blocks.table(s.id).to_vec(),
                 want_logits: s.computed + s.in_flight == s.total_len(),
-            })
-            .collect();
+                persist,
+            });
+        }
         if !items.is_empty() {
             self.steps += 1;
         }
-        (RunBatch { items }, admitted)
+        let loads = std::mem::take(&mut self.loads);
+        (RunBatch { items, loads }, admitted)
+    }
+
+    /// For the head of the queue: the cached memory blocks its prefix can start with,
+    /// and how many blocks right after them its disk hit provides. At most
+    /// `⌊(total − 1) / block_size⌋` blocks are reused, so at least one token is computed
+    /// (its logits are needed) and no shared block is ever written.
+    fn plan_prefix(&mut self) -> (Vec<u32>, usize) {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return (Vec::new(), 0);
+        };
+        let Some(seq) = self.waiting.front_mut() else {
+            return (Vec::new(), 0);
+        };
+        if seq.cache.is_none() {
+            return (Vec::new(), 0);
+        }
+        let bs = self.blocks.block_size();
+        let cap = (seq.total_len() - 1) / bs;
+        let hashes = seq.prefix_hashes(cap, bs, &prefix.fingerprint).to_vec();
+        let seq = &*seq;
+        let hits = self
+            .blocks
+            .match_prefix(&hashes, |i| seq.block_tokens(i, bs));
+        let from_disk = match seq.cache.as_ref().and_then(|c| c.disk.as_ref()) {
+            Some(d) if d.first_block <= hits.len() => (d.first_block + d.blocks.len())
+                .min(hashes.len())
+                .saturating_sub(hits.len()),
+            _ => 0,
+        };
+        (hits, from_disk)
+    }
+
+    /// After admission with `hits` memory blocks: queues the `from_disk` disk blocks
+    /// that follow for loading (registering them in the memory tier), skips the cached
+    /// positions, and counts the hit.
+    fn start_from_cache(&mut self, seq: &mut Sequence, hits: usize, from_disk: usize) {
+        let bs = self.blocks.block_size();
+        let disk = seq.cache.as_mut().and_then(|c| c.disk.take());
+        if let (Some(mut disk), Some(prefix)) = (disk, self.prefix.as_ref()) {
+            let hashes = seq
+                .prefix_hashes(hits + from_disk, bs, &prefix.fingerprint)
+                .to_vec();
+            let table = self.blocks.table(seq.id).to_vec();
+            // The table covers the whole sequence, so every block index here is in it.
+            for (idx, (&hash, &block)) in hashes.iter().zip(&table).enumerate().skip(hits) {
+                let kv = std::mem::take(&mut disk.blocks[idx - disk.first_block]);
+                self.blocks
+                    .register(seq.id, idx, hash, &seq.block_tokens(idx, bs));
+                self.loads.push(BlockLoad { block, kv });
+            }
+        }
+        let cached = hits + from_disk;
+        if let Some(c) = seq.cache.as_mut() {
+            c.registered = cached;
+        }
+        seq.computed = cached * bs;
+        if !seq.started && seq.cache.is_some() {
+            seq.cached_tokens = seq.computed;
+            let p = &mut self.prefix_stats;
+            p.prompt_tokens += seq.prompt.len() as u64;
+            p.hit_tokens += seq.computed as u64;
+            p.memory_hit_tokens += (hits * bs) as u64;
+            p.disk_hit_tokens += (from_disk * bs) as u64;
+        }
+    }
+
+    /// Full blocks that `running[i]`'s chunk in this step completes and that no block
+    /// of the memory tier holds yet: the runner copies them to the disk tier after the
+    /// forward pass. Empty without a disk tier or for a request with caching off.
+    fn blocks_to_persist(&mut self, i: usize) -> Vec<PersistBlock> {
+        let Some(prefix) = self.prefix.as_ref().filter(|p| p.disk.is_some()) else {
+            return Vec::new();
+        };
+        let bs = self.blocks.block_size();
+        let s = &mut self.running[i];
+        if s.cache.is_none() {
+            return Vec::new();
+        }
+        let (from, to) = (s.computed / bs, (s.computed + s.in_flight) / bs);
+        if to <= from {
+            return Vec::new();
+        }
+        let hashes = s.prefix_hashes(to, bs, &prefix.fingerprint).to_vec();
+        let table = self.blocks.table(s.id);
+        (from..to.min(hashes.len()))
+            .filter(|&b| !self.blocks.cache().contains(&hashes[b]))
+            .filter_map(|b| {
+                Some(PersistBlock {
+                    block: *table.get(b)?,
+                    hash: hashes[b],
+                    tokens: s.block_tokens(b, bs),
+                })
+            })
+            .collect()
+    }
+
+    /// Records that the step running `id`'s in-flight tokens finished: they count as
+    /// computed, and the full blocks they completed join the memory tier.
+    pub fn commit_step(&mut self, id: SeqId) {
+        let Some(i) = self.running.iter().position(|s| s.id == id) else {
+            return;
+        };
+        let bs = self.blocks.block_size();
+        let s = &mut self.running[i];
+        s.computed += std::mem::take(&mut s.in_flight);
+        let (Some(prefix), Some(from)) =
+            (self.prefix.as_ref(), s.cache.as_ref().map(|c| c.registered))
+        else {
+            return;
+        };
+        let to = s.computed / bs;
+        if to <= from {
+            return;
+        }
+        let hashes = s.prefix_hashes(to, bs, &prefix.fingerprint).to_vec();
+        for (b, &hash) in hashes.iter().enumerate().skip(from) {
+            let tokens = s.block_tokens(b, bs);
+            self.blocks.register(s.id, b, hash, &tokens);
+        }
+        if let Some(c) = s.cache.as_mut() {
+            c.registered = to;
+        }
     }
 
     /// The running sequence `id`.

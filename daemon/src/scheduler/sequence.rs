@@ -4,8 +4,10 @@ use std::time::Instant;
 
 use crate::detokenizer::OutputStream;
 use crate::error::InferError;
+use crate::prefix_store::{chain_hash, BlockHash, ModelFingerprint};
 use crate::request::{
-    CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent, Timings, Usage,
+    CacheOptions, CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent,
+    Timings, Usage,
 };
 use crate::sampling::wasm_plugin::{PluginChain, StepView};
 use crate::sampling::Sampler;
@@ -29,6 +31,33 @@ pub struct TokenizedRequest {
     pub cancel: CancelFlag,
     /// When the connection accepted the request (TTFT is measured from here).
     pub received_at: Instant,
+    /// Prefix caching for this request (`cache`, `cache_salt`).
+    pub cache: CacheOptions,
+    /// Blocks the disk tier returned for this prompt before it was queued.
+    pub disk_hit: Option<DiskHit>,
+}
+
+/// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block
+/// `first_block + j` in [`crate::model::KvBlockPool::read_block`] layout.
+#[derive(Debug, Clone, Default)]
+pub struct DiskHit {
+    /// Index of the first block in the prompt.
+    pub first_block: usize,
+    /// One payload per block.
+    pub blocks: Vec<Vec<u8>>,
+}
+
+/// Prefix-cache state of one sequence.
+#[derive(Debug)]
+pub struct SeqCache {
+    /// Root of the hash chain (fingerprint and salt).
+    pub root: BlockHash,
+    /// Hashes of the first `hashes.len()` full blocks of prompt + generated tokens.
+    pub hashes: Vec<BlockHash>,
+    /// Full blocks already registered in the memory tier (or found there).
+    pub registered: usize,
+    /// Disk payloads not yet loaded (taken at admission).
+    pub disk: Option<DiskHit>,
 }
 
 /// What [`Sequence::accept_token`] decided.
@@ -73,12 +102,38 @@ pub struct Sequence {
     pub started: bool,
     /// Times this sequence was preempted (its KV freed, to be recomputed).
     pub preemptions: u32,
+    /// Prefix-cache state; `None` when the request or the daemon has caching off.
+    pub cache: Option<SeqCache>,
+    /// Prompt tokens whose K/V came from the prefix cache at first admission.
+    pub cached_tokens: usize,
 }
 
 impl Sequence {
-    /// Builds the sequence state for `req` with the given generation budget.
+    /// Builds the sequence state for `req` with the given generation budget, without
+    /// prefix caching.
     pub fn new(req: TokenizedRequest, max_new_tokens: usize) -> Self {
+        Self::with_cache(req, max_new_tokens, None)
+    }
+
+    /// Builds the sequence state; with `fingerprint`, the sequence uses the prefix
+    /// cache if its request allows it.
+    pub fn with_cache(
+        req: TokenizedRequest,
+        max_new_tokens: usize,
+        fingerprint: Option<&ModelFingerprint>,
+    ) -> Self {
+        let cache = match fingerprint {
+            Some(fp) if req.cache.enabled => Some(SeqCache {
+                root: crate::prefix_store::root_hash(fp, &req.cache.salt),
+                hashes: Vec::new(),
+                registered: 0,
+                disk: req.disk_hit,
+            }),
+            _ => None,
+        };
         Self {
+            cache,
+            cached_tokens: 0,
             id: req.seq,
             client_id: req.client_id,
             sampler: Sampler::new(&req.sampling),
@@ -120,15 +175,48 @@ impl Sequence {
     /// The next `max` uncomputed tokens (prompt first, then generated).
     pub fn pending_tokens(&self, max: usize) -> Vec<u32> {
         let total = (self.prompt.len() + self.generated.len()).min(self.computed + max);
-        (self.computed..total)
-            .map(|i| {
-                if i < self.prompt.len() {
-                    self.prompt[i]
-                } else {
-                    self.generated[i - self.prompt.len()]
-                }
-            })
+        (self.computed..total).map(|i| self.token_at(i)).collect()
+    }
+
+    /// Token `i` of prompt + generated.
+    fn token_at(&self, i: usize) -> u32 {
+        if i < self.prompt.len() {
+            self.prompt[i]
+        } else {
+            self.generated[i - self.prompt.len()]
+        }
+    }
+
+    /// Token ids of block `index` (positions `index·block_size ..`), which must be full.
+    pub fn block_tokens(&self, index: usize, block_size: usize) -> Vec<u32> {
+        (index * block_size..(index + 1) * block_size)
+            .map(|i| self.token_at(i))
             .collect()
+    }
+
+    /// Extends the cached hashes to the first `n_blocks` full blocks (fewer when the
+    /// tokens do not fill them) and returns them; empty without prefix caching.
+    pub fn prefix_hashes(
+        &mut self,
+        n_blocks: usize,
+        block_size: usize,
+        fingerprint: &ModelFingerprint,
+    ) -> &[BlockHash] {
+        let n_blocks = n_blocks.min(self.total_len() / block_size.max(1));
+        let Some(mut cache) = self.cache.take() else {
+            return &[];
+        };
+        while cache.hashes.len() < n_blocks {
+            let i = cache.hashes.len();
+            let parent = cache.hashes.last().copied().unwrap_or(cache.root);
+            cache.hashes.push(chain_hash(
+                &parent,
+                fingerprint,
+                &self.block_tokens(i, block_size),
+            ));
+        }
+        let cache = self.cache.insert(cache);
+        &cache.hashes[..n_blocks]
     }
 
     /// Sends an event; a closed channel (client gone) is not an error here, the
@@ -142,7 +230,7 @@ impl Sequence {
         self.started = true;
         self.send(StreamEvent::Started {
             prompt_tokens: self.prompt.len(),
-            cached_tokens: 0,
+            cached_tokens: self.cached_tokens,
         });
     }
 
@@ -219,7 +307,7 @@ impl Sequence {
             usage: Usage {
                 prompt_tokens: self.prompt.len(),
                 completion_tokens: self.generated.len(),
-                cached_tokens: 0,
+                cached_tokens: self.cached_tokens,
             },
             timings,
         });

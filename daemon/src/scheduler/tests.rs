@@ -38,6 +38,8 @@ fn request(
         events: tx,
         cancel: cancel.clone(),
         received_at: Instant::now(),
+        cache: Default::default(),
+        disk_hit: None,
     };
     (req, rx, cancel)
 }
@@ -175,6 +177,8 @@ fn finishing_streams_the_rest_and_reports_usage() {
         events: tx,
         cancel: CancelFlag::new(),
         received_at: Instant::now(),
+        cache: Default::default(),
+        disk_hit: None,
     };
     s.submit(req).expect("submit");
     s.schedule();

@@ -111,6 +111,8 @@ impl Handler<Prepare> for TokenizerActor {
                     events: msg.events,
                     cancel: msg.cancel,
                     received_at: msg.received_at,
+                    cache: msg.request.cache,
+                    disk_hit: None,
                 };
                 if msg.request.plugins.is_empty() {
                     self.scheduler.do_send(Submit(req));

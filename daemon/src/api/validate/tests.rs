@@ -403,7 +403,43 @@ fn full_generate_example() {
                 stop: vec!["\n\n".into()],
             },
             plugins: vec![],
+            cache: crate::request::CacheOptions::default(),
         })
+    );
+}
+
+#[test]
+fn cache_and_cache_salt() {
+    let cache = |extra: Value| match ok(generate(extra)) {
+        ClientMessage::Generate(g) => g.cache,
+        other => panic!("not a generate: {other:?}"),
+    };
+    assert_eq!(
+        cache(json!({})),
+        crate::request::CacheOptions {
+            enabled: true,
+            salt: String::new()
+        }
+    );
+    assert!(!cache(json!({"cache": false})).enabled);
+    assert_eq!(cache(json!({"cache_salt": "tenant-7"})).salt, "tenant-7");
+    let msg = |extra: Value| invalid(generate(extra), "cache").error.message;
+    assert_eq!(
+        msg(json!({"cache": "no"})),
+        "cache must be a boolean (got \"no\")"
+    );
+    assert_eq!(msg(json!({"cache": 0})), "cache must be a boolean (got 0)");
+    assert_eq!(
+        msg(json!({"cache_salt": ""})),
+        "cache_salt must be 1 to 256 bytes (got 0 bytes)"
+    );
+    assert_eq!(
+        msg(json!({"cache_salt": "x".repeat(257)})),
+        "cache_salt must be 1 to 256 bytes (got 257 bytes)"
+    );
+    assert_eq!(
+        msg(json!({"cache_salt": 5})),
+        "cache_salt must be a string (got 5)"
     );
 }
 
