@@ -573,6 +573,21 @@ mod tests {
                 "max_running",
                 "[1, 65536] (got 100000)",
             ),
+            (
+                "[prefix_store]\nmax_bytes = 100\n",
+                "prefix_store.max_bytes",
+                "[1048576, 1125899906842624] (got 100)",
+            ),
+            (
+                "[prefix_store]\nmax_queued_bytes = 0\n",
+                "prefix_store.max_queued_bytes",
+                "[1048576, 1099511627776] (got 0)",
+            ),
+            (
+                "[prefix_store]\npath = \"\"\n",
+                "prefix_store.path",
+                "must not be empty",
+            ),
         ] {
             let p = write("whole.toml", text);
             let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err(text);
