@@ -329,9 +329,7 @@ impl KvBlockPool {
             match layer {
                 LayerStore::Host { k, v } => {
                     for part in [&k[b * n..(b + 1) * n], &v[b * n..(b + 1) * n]] {
-                        for x in part {
-                            out.extend_from_slice(&x.to_le_bytes());
-                        }
+                        out.extend(part.iter().flat_map(|x| x.to_bits().to_le_bytes()));
                     }
                 }
                 LayerStore::Device { k, v } => {
@@ -381,8 +379,14 @@ impl KvBlockPool {
             };
             match layer {
                 LayerStore::Host { k, v } => {
-                    k[b * n..(b + 1) * n].copy_from_slice(&half_of(kb));
-                    v[b * n..(b + 1) * n].copy_from_slice(&half_of(vb));
+                    for (dst, src) in [
+                        (&mut k[b * n..(b + 1) * n], kb),
+                        (&mut v[b * n..(b + 1) * n], vb),
+                    ] {
+                        for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                            *d = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                        }
+                    }
                 }
                 LayerStore::Device { k, v } => {
                     for (dst, src) in [(&*k, kb), (&*v, vb)] {

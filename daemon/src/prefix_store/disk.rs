@@ -14,7 +14,7 @@
 //! small `L` records to rebuild the LRU order and byte count. sled writes its log in
 //! the background and flushes it every 500 ms and on [`DiskStore::flush`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +41,21 @@ pub struct DiskCounters {
     pub dropped_writes: AtomicU64,
     /// Bytes of K/V handed to the store and not yet written.
     pub queued_bytes: AtomicU64,
+    /// Hashes of the stored blocks, so the scheduler can tell without a round trip to
+    /// the store's thread (which may be busy writing) whether a lookup can find
+    /// anything.
+    pub index: std::sync::RwLock<HashSet<BlockHash>>,
+}
+
+impl DiskCounters {
+    /// How many of `hashes`, from the first, the store holds (by the index; the
+    /// entries are verified when read).
+    pub fn stored_run(&self, hashes: &[BlockHash]) -> usize {
+        match self.index.read() {
+            Ok(set) => hashes.iter().take_while(|h| set.contains(h)).count(),
+            Err(_) => hashes.len(), // a poisoned lock: let the store decide
+        }
+    }
 }
 
 /// Why the store could not be opened or used.
@@ -210,6 +225,10 @@ impl DiskStore {
             _ => {}
         }
         store.db.insert(b"M", stamp).map_err(err)?;
+        if let Ok(mut set) = store.counters.index.write() {
+            set.clear();
+            set.extend(store.entries.keys().copied());
+        }
         store.evict_to(store.max_bytes);
         store.publish();
         tracing::info!(
@@ -290,6 +309,18 @@ impl DiskStore {
         self.entries.contains_key(hash)
     }
 
+    fn index_insert(&self, hash: BlockHash) {
+        if let Ok(mut set) = self.counters.index.write() {
+            set.insert(hash);
+        }
+    }
+
+    fn index_remove(&self, hash: &BlockHash) {
+        if let Ok(mut set) = self.counters.index.write() {
+            set.remove(hash);
+        }
+    }
+
     fn publish(&self) {
         let c = &self.counters;
         c.blocks.store(self.entries.len() as u64, Ordering::Relaxed);
@@ -311,6 +342,7 @@ impl DiskStore {
     }
 
     fn remove(&mut self, hash: &BlockHash) {
+        self.index_remove(hash);
         if let Some(m) = self.entries.remove(hash) {
             self.lru.remove(&m.last_use);
             self.bytes = self.bytes.saturating_sub(m.size);
@@ -412,6 +444,7 @@ impl DiskStore {
             return;
         }
         self.entries.insert(*hash, meta);
+        self.index_insert(*hash);
         self.lru.insert(meta.last_use, *hash);
         self.bytes += meta.size;
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
@@ -474,6 +507,7 @@ mod tests {
                 s.put(&h, &t, &kv);
             }
             assert_eq!(s.len(), 3);
+            assert_eq!(s.counters.stored_run(&hs), 3, "the shared index lists them");
             let run = s.get_run(&hs, &ts);
             assert_eq!(run, vec![vec![1u8; BB], vec![2u8; BB], vec![3u8; BB]]);
             // The run stops at the first block that is missing.
@@ -483,10 +517,20 @@ mod tests {
             let wrong = vec![vec![1u32; 4], vec![0u32; 4]];
             assert_eq!(s.get_run(&hs[..2], &wrong).len(), 1);
             assert!(!s.contains(&hs[1]));
+            assert_eq!(
+                s.counters.stored_run(&hs),
+                1,
+                "a deleted entry leaves the index"
+            );
             s.flush().expect("flush");
         }
         let mut s = open(dir.path(), 7, 1 << 20);
         assert_eq!(s.len(), 2, "survives a reopen");
+        assert_eq!(
+            s.counters.stored_run(&hs[2..]),
+            1,
+            "the index is rebuilt at open"
+        );
         assert_eq!(s.get_run(&hs[..1], &ts[..1]), vec![vec![1u8; BB]]);
         assert_eq!(s.get_run(&hs[2..], &ts[2..]), vec![vec![3u8; BB]]);
     }

@@ -104,10 +104,18 @@ impl SchedulerActor {
         if m >= cap {
             return None;
         }
+        // Ask only for blocks the store's index lists; nothing listed, no round trip.
+        let n = prefix
+            .disk
+            .as_ref()
+            .map_or(0, |d| d.stored_run(&hashes[m..]));
+        if n == 0 {
+            return None;
+        }
         Some((
             LookupRun {
-                hashes: hashes[m..].to_vec(),
-                tokens: tokens[m..].to_vec(),
+                hashes: hashes[m..m + n].to_vec(),
+                tokens: tokens[m..m + n].to_vec(),
             },
             m,
         ))
