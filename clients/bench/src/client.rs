@@ -31,6 +31,8 @@ pub struct Trace {
     pub cached_tokens: u64,
     /// `finish_reason` of the `done` frame.
     pub finish_reason: String,
+    /// `usage.cached_tokens` of the `done` frame.
+    pub usage_cached_tokens: Option<u64>,
 }
 
 impl Conn {
@@ -89,7 +91,13 @@ impl Conn {
 
     /// Token ids of `text` (no BOS, special-token text as plain text).
     pub async fn tokenize(&mut self, text: &str) -> Result<Vec<u32>> {
-        self.send(&json!({"type": "tokenize", "id": "tok", "text": text}))
+        self.tokenize_with(text, false).await
+    }
+
+    /// Token ids of `text` (no BOS); with `special`, special-token text such as
+    /// `<|im_start|>` maps to its control id.
+    pub async fn tokenize_with(&mut self, text: &str, special: bool) -> Result<Vec<u32>> {
+        self.send(&json!({"type": "tokenize", "id": "tok", "text": text, "special": special}))
             .await?;
         let (_, frame) = self.reply_for("tok", Duration::from_secs(60)).await?;
         ids_of(&frame)
@@ -141,14 +149,26 @@ impl Conn {
             "type": "generate", "id": id, "prompt": prompt,
             "max_tokens": max_tokens, "temperature": 0,
         });
+        self.generate_frame(id, &frame, timeout).await
+    }
+
+    /// Sends `frame` (a `generate` message whose id is `id`) and records every token
+    /// arrival until its `done` frame.
+    pub async fn generate_frame(
+        &mut self,
+        id: &str,
+        frame: &Value,
+        timeout: Duration,
+    ) -> Result<Trace> {
         let sent = Instant::now();
-        self.send(&frame).await?;
+        self.send(frame).await?;
         let mut trace = Trace {
             sent,
             timing: StreamTiming::default(),
             prompt_tokens: 0,
             cached_tokens: 0,
             finish_reason: String::new(),
+            usage_cached_tokens: None,
         };
         loop {
             let (at, frame) = self.reply_for(id, timeout).await?;
@@ -170,6 +190,7 @@ impl Conn {
                         .as_str()
                         .unwrap_or("unknown")
                         .to_owned();
+                    trace.usage_cached_tokens = frame["usage"]["cached_tokens"].as_u64();
                     return Ok(trace);
                 }
                 other => bail!("unexpected frame type {other:?} for {id}: {frame}"),
@@ -199,10 +220,24 @@ pub async fn prompt_of_tokens(
     variant: usize,
     target: usize,
 ) -> Result<(String, usize)> {
+    text_of_tokens(conn, target, |sentences| {
+        crate::prompts::long_text(variant, sentences)
+    })
+    .await
+}
+
+/// Builds a text of `target` tokens (without BOS) from `build(sentences)`, a text that
+/// grows with `sentences`, cut to length with the daemon's own tokenizer. Returns the
+/// text and its count (the nearest one found when no cut gives exactly `target`).
+pub async fn text_of_tokens(
+    conn: &mut Conn,
+    target: usize,
+    build: impl Fn(usize) -> String,
+) -> Result<(String, usize)> {
     // About 20 tokens per sentence; grow until long enough.
     let mut sentences = target / 16 + 4;
     let (text, ids) = loop {
-        let text = crate::prompts::long_text(variant, sentences);
+        let text = build(sentences);
         let ids = conn.tokenize(&text).await?;
         if ids.len() >= target {
             break (text, ids);

@@ -3,9 +3,9 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -129,6 +129,62 @@ impl Daemon {
             );
         }
         Ok(())
+    }
+
+    /// Sends SIGTERM (through `kill -TERM`) and waits up to `timeout` for the daemon to
+    /// exit; returns its exit status and how long it took. Kills it after the timeout.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<(ExitStatus, Duration)> {
+        let start = Instant::now();
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the daemon had already exited ({status}); log tail:\n{}",
+                log_tail(&self.log, 20)
+            );
+        }
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()
+            .context("cannot run kill -TERM")?;
+        if !sent.success() {
+            bail!("kill -TERM {} failed ({sent})", self.pid());
+        }
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok((status, start.elapsed()));
+            }
+            if start.elapsed() > timeout {
+                self.stop();
+                bail!(
+                    "the daemon did not exit within {} s of SIGTERM (killed); log tail:\n{}",
+                    timeout.as_secs(),
+                    log_tail(&self.log, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// CPU time (user + system) the daemon has used so far, in clock ticks
+    /// (`/proc/PID/stat` fields 14 and 15; 100 per second on Linux).
+    pub fn cpu_ticks(&self) -> Result<u64> {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+        // The command name (field 2) is in parentheses and may hold spaces.
+        let rest = stat
+            .rsplit_once(')')
+            .ok_or_else(|| anyhow!("bad {path}: {stat}"))?
+            .1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| -> Result<u64> {
+            fields
+                .get(i)
+                .ok_or_else(|| anyhow!("short {path}"))?
+                .parse()
+                .with_context(|| format!("bad {path}"))
+        };
+        // `rest` starts at field 3 (state): utime is field 14, stime field 15.
+        Ok(field(11)? + field(12)?)
     }
 
     /// Kills the daemon and waits for it.

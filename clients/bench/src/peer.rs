@@ -42,6 +42,20 @@ pub fn run_peer(
     spec_file: &Path,
     timeout: Duration,
 ) -> Result<Figures> {
+    let json = run_script(python, script, spec, spec_file, timeout)?;
+    serde_json::from_str(&json).with_context(|| format!("cannot parse the peer's JSON: {json}"))
+}
+
+/// Writes `spec` to `spec_file`, runs `python script --spec FILE` (killed after
+/// `timeout`) and returns the last line of its stdout that starts with `{` (its JSON
+/// result). Its stderr (progress) passes through.
+pub fn run_script(
+    python: &Path,
+    script: &Path,
+    spec: &impl Serialize,
+    spec_file: &Path,
+    timeout: Duration,
+) -> Result<String> {
     std::fs::write(spec_file, serde_json::to_vec_pretty(spec)?)
         .with_context(|| format!("cannot write {}", spec_file.display()))?;
     let mut child = Command::new(python)
@@ -83,10 +97,9 @@ pub fn run_peer(
     if !status.success() {
         bail!("the peer failed ({status})");
     }
-    let json = out
-        .lines()
+    out.lines()
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| anyhow!("the peer printed no JSON; stdout:\n{out}"))?;
-    serde_json::from_str(json).with_context(|| format!("cannot parse the peer's JSON: {json}"))
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow!("the peer printed no JSON; stdout:\n{out}"))
 }

@@ -171,7 +171,8 @@ pub fn goals(ours: &Figures, peer: Option<&Figures>) -> Vec<Goal> {
     ]
 }
 
-fn cell(value: Option<f64>) -> String {
+/// A table cell: `-` when missing, fewer decimals for larger values.
+pub fn cell(value: Option<f64>) -> String {
     match value {
         None => "-".into(),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
