@@ -12,7 +12,7 @@ use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
 use crate::prefix_store::{
     DiskCounters, DiskStore, FingerprintParts, Flush, ModelFingerprint, PersistSink,
-    PrefixStoreActor,
+    PrefixReadActor, PrefixStoreActor,
 };
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
@@ -183,6 +183,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     let plugins = Arc::new(load_plugins(&settings, &tokenizer)?);
     let system = actix::System::new();
     let result = system.block_on(async move {
+        let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
         let store_addr = disk_store.map(|(store, counters)| {
             let slot = Arc::new(Mutex::new(Some(store)));
             let counters2 = counters.clone();
@@ -216,7 +217,15 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         };
         let engine_arbiter = Arbiter::new();
         let tok_for_sched = tokenizer.clone();
-        let store_for_sched = store_addr.clone();
+        let store_for_sched = match (store_reader, &store_addr) {
+            (Some(reader), Some(writer)) => {
+                let writer = writer.clone();
+                Some(SyncArbiter::start(1, move || {
+                    PrefixReadActor::new(reader.clone(), writer.clone())
+                }))
+            }
+            _ => None,
+        };
         let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
             let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
             if let Some(p) = prefix_caching {

@@ -133,6 +133,24 @@ async fn stats(url: &str) -> Value {
     c.stats().await.expect("stats")["prefix_cache"].clone()
 }
 
+/// Waits until the store has written at least `blocks` blocks: writing is behind
+/// generation, on a thread that only gets CPU time nobody else wants, so on a busy
+/// machine it lags. Returns the stats then.
+async fn wait_for_writes(url: &str, blocks: u64) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = stats(url).await;
+        if s["disk_written_blocks"].as_u64().unwrap_or(0) >= blocks {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store wrote fewer than {blocks} blocks in 120 s: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn repeated_and_shared_prefixes_hit_memory_with_identical_output() {
     let daemon =
@@ -258,6 +276,9 @@ async fn after_memory_eviction_from_disk_or_recomputed() {
         let n1 = prompt_tokens(&reference);
         let first = run(&mut c, "first", &p1, json!({})).await;
         assert_same("first", &first, &reference);
+        if disk {
+            wait_for_writes(&daemon.url, (n1 / BLOCK) as u64).await;
+        }
         for i in 0..3 {
             let other = format!("Variant {i}. {doc}Question: name light {i}. Answer:");
             run(&mut c, &format!("evict{i}"), &other, json!({})).await;
@@ -293,10 +314,9 @@ async fn after_a_restart_served_from_disk() {
         let mut c = daemon.connect().await.expect("connect");
         reference = run(&mut c, "ref", &p1, json!({})).await;
         assert_eq!(cached(&reference), 0);
-        let s = stats(&daemon.url).await;
         let n = prompt_tokens(&reference);
         // Full blocks of the prompt and of the answer so far are written behind.
-        assert!(s["disk_written_blocks"].as_u64().expect("written") >= (n / BLOCK) as u64);
+        wait_for_writes(&daemon.url, (n / BLOCK) as u64).await;
         drop(c);
         daemon.signal("TERM").expect("SIGTERM");
         assert_eq!(
@@ -343,7 +363,8 @@ async fn kill_9_during_heavy_writing_never_serves_wrong_kv() {
     {
         let daemon = Daemon::start_with_env(&env).expect("daemon");
         let mut c = daemon.connect().await.expect("connect");
-        run(&mut c, "p0", &prompts[0], json!({})).await;
+        let p0 = run(&mut c, "p0", &prompts[0], json!({})).await;
+        wait_for_writes(&daemon.url, (prompt_tokens(&p0) / BLOCK) as u64).await;
         // sled flushes every 500 ms: p0's blocks are on disk after this.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let mut clients = Vec::new();

@@ -1,12 +1,17 @@
-//! `PrefixStoreActor`: the disk tier on a `SyncArbiter` thread of its own, so sled
-//! reads and writes never run on the engine loop or the model runner.
+//! The disk tier's two actors, each on a `SyncArbiter` thread of its own so sled never
+//! runs on the engine loop or the model runner:
+//! - [`PrefixStoreActor`] owns the [`DiskStore`] and writes (in Linux's `SCHED_IDLE`
+//!   class: it only gets CPU time nobody else wants);
+//! - [`PrefixReadActor`] answers lookups at normal priority through a [`DiskReader`], so
+//!   a disk hit never waits behind writes or for idle CPU, and tells the writer which
+//!   blocks it used (LRU) or found corrupt (delete).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use actix::{Actor, Handler, Message, MessageResult, SyncContext};
 
-use super::disk::{DiskCounters, DiskStore};
+use super::disk::{DiskCounters, DiskReader, DiskStore};
 use super::hash::BlockHash;
 
 /// Read the longest stored run of blocks (reply: their K/V payloads, in order; empty on
@@ -18,6 +23,16 @@ pub struct LookupRun {
     pub hashes: Vec<BlockHash>,
     /// Token ids of each of those blocks (verified against the entries).
     pub tokens: Vec<Vec<u32>>,
+}
+
+/// Blocks a lookup used (most recently used now) and an entry it found bad (delete).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ApplyRead {
+    /// Blocks served.
+    pub used: Vec<BlockHash>,
+    /// An entry that failed verification.
+    pub bad: Option<BlockHash>,
 }
 
 /// Store one computed block (written behind generation; see [`PersistSink`]).
@@ -55,17 +70,69 @@ impl PrefixStoreActor {
 
 impl Actor for PrefixStoreActor {
     type Context = SyncContext<Self>;
+
+    fn started(&mut self, _ctx: &mut SyncContext<Self>) {
+        lower_thread_priority();
+    }
 }
 
-impl Handler<LookupRun> for PrefixStoreActor {
+/// Puts the calling thread in Linux's `SCHED_IDLE` class: it runs only on CPU time no
+/// normal thread wants, so writing the store never preempts the model's compute threads
+/// (which spin at their barriers: a preempted one stalls the whole step).
+pub fn lower_thread_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler reads `param` only; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "prefix store: could not lower the writer thread's priority"
+            );
+        }
+    }
+}
+
+impl Handler<ApplyRead> for PrefixStoreActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ApplyRead, _ctx: &mut SyncContext<Self>) {
+        if let Some(s) = self.store.as_mut() {
+            s.apply_read(&msg.used, msg.bad);
+        }
+    }
+}
+
+/// Answers [`LookupRun`] through a [`DiskReader`]. Start with `SyncArbiter::start(1, ..)`.
+pub struct PrefixReadActor {
+    reader: DiskReader,
+    writer: actix::Addr<PrefixStoreActor>,
+}
+
+impl PrefixReadActor {
+    /// A reader reporting to `writer`.
+    pub fn new(reader: DiskReader, writer: actix::Addr<PrefixStoreActor>) -> Self {
+        Self { reader, writer }
+    }
+}
+
+impl Actor for PrefixReadActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<LookupRun> for PrefixReadActor {
     type Result = MessageResult<LookupRun>;
 
     fn handle(&mut self, msg: LookupRun, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        let run = match self.store.as_mut() {
-            Some(s) => s.get_run(&msg.hashes, &msg.tokens),
-            None => Vec::new(),
-        };
-        MessageResult(run)
+        let read = self.reader.read_run(&msg.hashes, &msg.tokens);
+        if !read.used.is_empty() || read.bad.is_some() {
+            self.writer.do_send(ApplyRead {
+                used: read.used,
+                bad: read.bad,
+            });
+        }
+        MessageResult(read.blocks)
     }
 }
 

@@ -72,6 +72,79 @@ pub enum StoreError {
     },
 }
 
+/// A read-only handle on the store for another thread: reads and verifies runs of
+/// blocks without the writer's LRU state (the [`DiskStore`] owner applies the uses and
+/// deletions it reports). sled handles are shared and thread-safe.
+#[derive(Debug, Clone)]
+pub struct DiskReader {
+    db: sled::Db,
+    fingerprint: ModelFingerprint,
+    block_bytes: usize,
+    counters: Arc<DiskCounters>,
+}
+
+/// What [`DiskReader::read_run`] found.
+#[derive(Debug, Default)]
+pub struct RunRead {
+    /// K/V payloads of the run, in order.
+    pub blocks: Vec<Vec<u8>>,
+    /// The hashes of those blocks (to mark as used).
+    pub used: Vec<BlockHash>,
+    /// An entry that failed verification (to delete), or that the index listed but the
+    /// database no longer holds.
+    pub bad: Option<BlockHash>,
+}
+
+impl DiskReader {
+    /// Reads the longest run of stored blocks `hashes[0..]` whose entries are intact
+    /// and carry `tokens[i]`. The run stops at the first block missing or rejected; a
+    /// rejected entry is counted, leaves the shared index at once, and is reported in
+    /// [`RunRead::bad`] for the writer to delete.
+    pub fn read_run(&self, hashes: &[BlockHash], tokens: &[Vec<u32>]) -> RunRead {
+        let mut out = RunRead::default();
+        for (h, toks) in hashes.iter().zip(tokens) {
+            let value = match self.db.get(key(b'B', h)) {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    if self.counters.stored_run(std::slice::from_ref(h)) == 1 {
+                        out.bad = Some(*h);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "prefix store: read failed");
+                    break;
+                }
+            };
+            match entry::decode(&value, &self.fingerprint, h, toks, self.block_bytes) {
+                Ok(kv) => {
+                    out.blocks.push(kv.to_vec());
+                    out.used.push(*h);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        block = %h,
+                        reason = %e,
+                        "prefix store: dropped an entry that failed verification; it will be recomputed"
+                    );
+                    self.counters
+                        .dropped_corrupt
+                        .fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut set) = self.counters.index.write() {
+                        set.remove(h);
+                    }
+                    out.bad = Some(*h);
+                    break;
+                }
+            }
+        }
+        self.counters
+            .hit_blocks
+            .fetch_add(out.blocks.len() as u64, Ordering::Relaxed);
+        out
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Meta {
     last_use: u64,
@@ -365,51 +438,37 @@ impl DiskStore {
         }
     }
 
-    /// Reads the longest run of stored blocks `hashes[0..]` whose entries are intact
-    /// and carry `tokens[i]`, returning their K/V payloads in order. The run stops at
-    /// the first block missing or rejected; a rejected entry (corrupt, truncated,
-    /// another fingerprint or tokens) is deleted and counted.
-    pub fn get_run(&mut self, hashes: &[BlockHash], tokens: &[Vec<u32>]) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        for (h, toks) in hashes.iter().zip(tokens) {
-            if !self.entries.contains_key(h) {
-                break;
-            }
-            let value = match self.db.get(key(b'B', h)) {
-                Ok(Some(v)) => v,
-                Ok(None) => {
-                    self.remove(h);
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "prefix store: read failed");
-                    break;
-                }
-            };
-            match entry::decode(&value, &self.fingerprint, h, toks, self.block_bytes) {
-                Ok(kv) => {
-                    out.push(kv.to_vec());
-                    self.touch(h);
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        block = %h,
-                        reason = %e,
-                        "prefix store: dropped an entry that failed verification; it will be recomputed"
-                    );
-                    self.counters
-                        .dropped_corrupt
-                        .fetch_add(1, Ordering::Relaxed);
-                    self.remove(h);
-                    break;
-                }
-            }
+    /// A read-only handle for another thread ([`DiskReader`]).
+    pub fn reader(&self) -> DiskReader {
+        DiskReader {
+            db: self.db.clone(),
+            fingerprint: self.fingerprint,
+            block_bytes: self.block_bytes,
+            counters: self.counters.clone(),
         }
-        self.counters
-            .hit_blocks
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Applies what a reader found: `used` blocks become the most recently used, `bad`
+    /// is deleted.
+    pub fn apply_read(&mut self, used: &[BlockHash], bad: Option<BlockHash>) {
+        for h in used {
+            self.touch(h);
+        }
+        if let Some(h) = bad {
+            self.remove(&h);
+        }
         self.publish();
-        out
+    }
+
+    /// Reads a run on this thread ([`DiskReader::read_run`] plus [`Self::apply_read`]),
+    /// returning the K/V payloads.
+    pub fn get_run(&mut self, hashes: &[BlockHash], tokens: &[Vec<u32>]) -> Vec<Vec<u8>> {
+        let n = self.counters.stored_run(hashes);
+        let read = self
+            .reader()
+            .read_run(&hashes[..n], &tokens[..n.min(tokens.len())]);
+        self.apply_read(&read.used, read.bad);
+        read.blocks
     }
 
     /// Stores one block (a no-op apart from the LRU when it is already stored), then

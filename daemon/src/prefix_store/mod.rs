@@ -7,9 +7,10 @@
 //!   scheduler's [`crate::scheduler::BlockManager`]).
 //! - [`entry`]: the checksummed on-disk value of one block.
 //! - [`disk`]: [`DiskStore`], the sled tier with its byte budget and LRU.
-//! - [`actor`]: [`PrefixStoreActor`], the disk tier on its own thread; the model runner
-//!   writes computed blocks to it behind generation through a [`PersistSink`], the
-//!   scheduler reads runs of blocks from it before queueing a request.
+//! - [`actor`]: [`PrefixStoreActor`], the disk tier's writer on its own low-priority
+//!   thread (the model runner hands it computed blocks behind generation through a
+//!   [`PersistSink`]), and [`PrefixReadActor`], which reads runs of blocks for the
+//!   scheduler before a request is queued.
 //!
 //! The store knows neither the scheduler nor the runner: both use it.
 
@@ -19,7 +20,9 @@ pub mod entry;
 pub mod hash;
 pub mod memory;
 
-pub use actor::{Flush, LookupRun, PersistSink, PrefixStoreActor, StoreBlock};
-pub use disk::{DiskCounters, DiskStore, StoreError};
+pub use actor::{
+    ApplyRead, Flush, LookupRun, PersistSink, PrefixReadActor, PrefixStoreActor, StoreBlock,
+};
+pub use disk::{DiskCounters, DiskReader, DiskStore, RunRead, StoreError};
 pub use hash::{chain_hash, root_hash, BlockHash, FingerprintParts, ModelFingerprint};
 pub use memory::MemoryIndex;

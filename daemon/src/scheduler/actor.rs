@@ -12,7 +12,7 @@ use actix::{
 
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
-use crate::prefix_store::{chain_hash, root_hash, LookupRun, PrefixStoreActor};
+use crate::prefix_store::{chain_hash, root_hash, LookupRun, PrefixReadActor};
 use crate::request::{FinishReason, SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
@@ -46,7 +46,7 @@ pub struct SchedulerActor {
     scheduler: Scheduler,
     runner: Addr<ModelRunnerActor>,
     tokenizer: Arc<TextTokenizer>,
-    store: Option<Addr<PrefixStoreActor>>,
+    store: Option<Addr<PrefixReadActor>>,
     step_in_flight: bool,
     last_stats_log: Instant,
 }
@@ -70,7 +70,7 @@ impl SchedulerActor {
     }
 
     /// Reads prompt prefixes from the prefix store's disk tier before queueing.
-    pub fn with_store(mut self, store: Addr<PrefixStoreActor>) -> Self {
+    pub fn with_store(mut self, store: Addr<PrefixReadActor>) -> Self {
         self.store = Some(store);
         self
     }
