@@ -176,6 +176,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         prefix_caching = Some(PrefixCaching {
             fingerprint,
             disk: counters,
+            block_bytes: model_runner.pool().block_bytes(),
         });
         disk_store = disk;
     }

@@ -37,6 +37,9 @@ pub struct Cancel(pub SeqId);
 #[rtype(result = "EngineStats")]
 pub struct GetStats;
 
+/// Most bytes of disk-tier K/V that queued requests (and lookups in flight) may hold.
+const MAX_DISK_HIT_BYTES_WAITING: usize = 512 << 20;
+
 /// Engine counters are logged at most this often while the engine is busy.
 const STATS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -47,6 +50,8 @@ pub struct SchedulerActor {
     runner: Addr<ModelRunnerActor>,
     tokenizer: Arc<TextTokenizer>,
     store: Option<Addr<PrefixReadActor>>,
+    /// Bytes the disk lookups in flight may return (blocks asked × block bytes).
+    lookup_bytes_in_flight: usize,
     step_in_flight: bool,
     last_stats_log: Instant,
 }
@@ -64,6 +69,7 @@ impl SchedulerActor {
             runner,
             tokenizer,
             store: None,
+            lookup_bytes_in_flight: 0,
             step_in_flight: false,
             last_stats_log: Instant::now(),
         }
@@ -112,6 +118,14 @@ impl SchedulerActor {
         if n == 0 {
             return None;
         }
+        // Queued requests hold their disk blocks until admission: past this bound a
+        // request gets no disk lookup (it will find the blocks in memory once an earlier
+        // request has loaded them, or prefill them), so a burst of requests with one long
+        // prefix cannot hold a copy each.
+        let held = self.scheduler.disk_hit_bytes_waiting() + self.lookup_bytes_in_flight;
+        if held + n * self.block_bytes_estimate() > MAX_DISK_HIT_BYTES_WAITING {
+            return None;
+        }
         Some((
             LookupRun {
                 hashes: hashes[m..m + n].to_vec(),
@@ -119,6 +133,12 @@ impl SchedulerActor {
             },
             m,
         ))
+    }
+
+    /// Bytes of one block's K/V in the store (`scheduler.block_bytes` of the pool); a
+    /// bound for accounting only.
+    fn block_bytes_estimate(&self) -> usize {
+        self.scheduler.prefix_caching().map_or(0, |p| p.block_bytes)
     }
 
     /// Queues `req` and runs a step.
@@ -309,12 +329,15 @@ impl Handler<Submit> for SchedulerActor {
             self.submit(req, ctx);
             return;
         };
-        // The disk read runs on the store's thread; the request is queued when it
-        // returns (with whatever run of blocks was intact).
+        // The disk read runs on the store's reader thread; the request is queued when
+        // it returns (with whatever run of blocks was intact).
+        let reserved = lookup.hashes.len() * self.block_bytes_estimate();
+        self.lookup_bytes_in_flight += reserved;
         let fut = store
             .send(lookup)
             .into_actor(self)
             .map(move |res, act, ctx| {
+                act.lookup_bytes_in_flight = act.lookup_bytes_in_flight.saturating_sub(reserved);
                 let mut req = req;
                 match res {
                     Ok(blocks) if !blocks.is_empty() => {

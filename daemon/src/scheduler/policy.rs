@@ -62,6 +62,8 @@ pub struct PrefixCaching {
     pub fingerprint: ModelFingerprint,
     /// The disk tier's counters when it is enabled (full blocks are then sent to it).
     pub disk: Option<Arc<DiskCounters>>,
+    /// Bytes of one block's K/V over every layer (`KvBlockPool::block_bytes`).
+    pub block_bytes: usize,
 }
 
 /// Prefix cache counters (`stats.prefix_cache`).
@@ -165,6 +167,16 @@ impl Scheduler {
         self.prefix_stats.disk_enabled = prefix.disk.is_some();
         self.prefix = Some(prefix);
         self
+    }
+
+    /// Bytes of disk-tier K/V held by waiting sequences (loaded into the pool and
+    /// released at admission).
+    pub fn disk_hit_bytes_waiting(&self) -> usize {
+        self.waiting
+            .iter()
+            .filter_map(|s| s.cache.as_ref()?.disk.as_ref())
+            .flat_map(|d| d.blocks.iter().map(Vec::len))
+            .sum()
     }
 
     /// The prefix caching settings, when on.

@@ -27,6 +27,7 @@ fn sched(blocks: usize) -> Scheduler {
     Scheduler::new(limits, BlockManager::new(blocks, BS)).with_prefix_caching(PrefixCaching {
         fingerprint: ModelFingerprint([1; 32]),
         disk: Some(Arc::new(DiskCounters::default())),
+        block_bytes: 8,
     })
 }
 
@@ -163,7 +164,9 @@ fn disk_hits_become_block_loads_and_join_the_memory_tier() {
         blocks: vec![vec![7u8; 8], vec![8u8; 8], vec![9u8; 8]],
     });
     s.submit(r1).expect("submit");
+    assert_eq!(s.disk_hit_bytes_waiting(), 24, "held while queued");
     let (batch, _) = s.schedule();
+    assert_eq!(s.disk_hit_bytes_waiting(), 0, "released at admission");
     let item = &batch.items[0];
     assert_eq!(item.start_pos, 12);
     assert_eq!(
