@@ -348,9 +348,10 @@ async fn after_a_restart_served_from_disk() {
     assert_same("follow-up", &f, &follow_ref);
 }
 
-/// kill -9 while four long prompts are being prefilled and written: the restarted
-/// daemon serves what survived (at least the prompt written well before the kill) and
-/// every output equals the uncached one.
+/// kill -9 while the store writes the blocks of four long prompts (about 260 blocks,
+/// 96 MB, queued while they ran; the kill comes once the first of them are written):
+/// the restarted daemon serves what survived intact (at least the prompt written and
+/// flushed well before the kill) and every output equals the uncached one.
 #[tokio::test]
 async fn kill_9_during_heavy_writing_never_serves_wrong_kv() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -364,26 +365,31 @@ async fn kill_9_during_heavy_writing_never_serves_wrong_kv() {
         let daemon = Daemon::start_with_env(&env).expect("daemon");
         let mut c = daemon.connect().await.expect("connect");
         let p0 = run(&mut c, "p0", &prompts[0], json!({})).await;
-        wait_for_writes(&daemon.url, (prompt_tokens(&p0) / BLOCK) as u64).await;
+        let base = wait_for_writes(&daemon.url, (prompt_tokens(&p0) / BLOCK) as u64).await
+            ["disk_written_blocks"]
+            .as_u64()
+            .expect("written");
         // sled flushes every 500 ms: p0's blocks are on disk after this.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let mut clients = Vec::new();
         for (i, p) in prompts.iter().enumerate().skip(1) {
             let mut c = daemon.connect().await.expect("connect");
-            c.send(&req(&format!("p{i}"), p, 200, json!({})))
+            c.send(&req(&format!("p{i}"), p, 24, json!({})))
                 .await
                 .expect("send");
             clients.push(c);
         }
-        // Wait until the writes are under way, then kill without warning.
-        let mut first = clients.remove(0);
-        loop {
-            let f = first.recv().await.expect("frame");
-            if f["type"] == "delta" || f["type"] == "done" {
-                break;
-            }
+        for c in &mut clients {
+            while !matches!(
+                c.recv().await.expect("frame")["type"].as_str(),
+                Some("done")
+            ) {}
         }
+        // The writer works through the queued blocks now; kill it in the middle.
+        let s = wait_for_writes(&daemon.url, base + 8).await;
         daemon.signal("KILL").expect("SIGKILL");
+        let written = s["disk_written_blocks"].as_u64().unwrap_or(0) - base;
+        eprintln!("killed with {written} of about 260 queued blocks written");
     }
     let daemon = Daemon::start_with_env(&env).expect("daemon restarted");
     let mut c = daemon.connect().await.expect("connect");
