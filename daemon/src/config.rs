@@ -38,7 +38,7 @@ impl Default for ServerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// GGUF file of the llama architecture. Relative paths resolve against the
-    /// current directory.
+    /// current directory; a leading `~/` (or a bare `~`) is replaced by `$HOME`.
     pub path: PathBuf,
     /// `"auto"`, `"cpu"` or `"cuda:N"`.
     pub device: String,
@@ -97,6 +97,110 @@ where
     T::try_from(v).map_err(|_| de::Error::custom(format!("{v} is too large")))
 }
 
+/// Marks a deserialization message that [`Settings::load`] turns into
+/// `<key> must be ...`, the form of the range checks in [`Settings::validate`].
+const KEYED: &str = "must be ";
+
+/// Deserializes a boolean setting strictly: a TOML boolean, or the string `true` or
+/// `false` in any case (as environment variables arrive), never `1`, `"yes"` or `"on"`
+/// (which the `config` crate would otherwise coerce).
+fn strict_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct Strict;
+    impl Strict {
+        fn reject<E: de::Error>(got: std::fmt::Arguments<'_>) -> E {
+            E::custom(format!("{KEYED}true or false (got {got})"))
+        }
+    }
+    impl<'v> Visitor<'v> for Strict {
+        type Value = bool;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("true or false")
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<bool, E> {
+            Err(Self::reject(format_args!("integer {v}")))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<bool, E> {
+            Err(Self::reject(format_args!("integer {v}")))
+        }
+        fn visit_i128<E: de::Error>(self, v: i128) -> Result<bool, E> {
+            Err(Self::reject(format_args!("integer {v}")))
+        }
+        fn visit_u128<E: de::Error>(self, v: u128) -> Result<bool, E> {
+            Err(Self::reject(format_args!("integer {v}")))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<bool, E> {
+            Err(Self::reject(format_args!("floating point {v}")))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+            match v.to_ascii_lowercase().as_str() {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(Self::reject(format_args!("string {v:?}"))),
+            }
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Err(Self::reject(format_args!("nothing")))
+        }
+        fn visit_seq<A: de::SeqAccess<'v>>(self, _: A) -> Result<bool, A::Error> {
+            Err(Self::reject(format_args!("an array")))
+        }
+        fn visit_map<A: de::MapAccess<'v>>(self, _: A) -> Result<bool, A::Error> {
+            Err(Self::reject(format_args!("a table")))
+        }
+    }
+    d.deserialize_any(Strict)
+}
+
+/// Turns a `config` error into a message; one raised with [`KEYED`] by a field's
+/// deserializer comes out as `<key> must be ... (got ...)`.
+fn describe(e: config::ConfigError) -> String {
+    if let config::ConfigError::At {
+        error,
+        origin,
+        key: Some(key),
+    } = &e
+    {
+        if let config::ConfigError::Message(m) = error.as_ref() {
+            if m.starts_with(KEYED) {
+                return match origin {
+                    Some(o) => format!("{key} {m} in {o}"),
+                    None => format!("{key} {m}"),
+                };
+            }
+        }
+    }
+    e.to_string()
+}
+
+/// Replaces a leading `~/` (or a bare `~`) of a path setting by `home`.
+///
+/// # Errors
+/// The path starts with `~` and `home` is `None` (`$HOME` unset or empty).
+fn expand_home(key: &str, p: &mut PathBuf, home: Option<&Path>) -> Result<(), ConfigError> {
+    let rest = if p.as_os_str() == "~" {
+        Path::new("")
+    } else if let Ok(rest) = p.strip_prefix("~") {
+        rest
+    } else {
+        return Ok(());
+    };
+    let Some(home) = home else {
+        return Err(ConfigError(format!(
+            "{key} starts with ~ but HOME is not set (got \"{}\")",
+            p.display()
+        )));
+    };
+    *p = if rest.as_os_str().is_empty() {
+        home.to_path_buf()
+    } else {
+        home.join(rest)
+    };
+    Ok(())
+}
+
 /// `[scheduler]`: continuous batching, KV cache budget and admission bounds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -129,7 +233,8 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// Automatic prefix caching in the KV pool (the memory tier): full blocks keep
     /// their hash after use and a prompt starting with the same tokens reuses them.
-    /// The disk tier (`[prefix_store]`) needs it.
+    /// The disk tier (`[prefix_store]`) needs it. Strictly `true` or `false`.
+    #[serde(deserialize_with = "strict_bool")]
     pub prefix_caching: bool,
 }
 
@@ -167,7 +272,8 @@ impl Default for TokenizerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PluginsConfig {
     /// Directory whose `*.wasm` components are loaded at start-up (relative paths are
-    /// relative to the working directory). Missing: no plugins (a warning is logged).
+    /// relative to the working directory; a leading `~/` or a bare `~` is replaced by
+    /// `$HOME`). Missing: no plugins (a warning is logged).
     pub dir: PathBuf,
     /// Wall-clock deadline of one `process`/`sample` call, milliseconds.
     #[serde(deserialize_with = "whole_number")]
@@ -213,11 +319,14 @@ impl PluginsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixStoreConfig {
-    /// Whether full KV blocks are also kept on disk, across restarts.
+    /// Whether full KV blocks are also kept on disk, across restarts. Strictly `true` or
+    /// `false`.
+    #[serde(deserialize_with = "strict_bool")]
     pub enabled: bool,
     /// Directory of the sled database. Default: `$STATE_DIRECTORY/prefix-store` (set by
     /// systemd's `StateDirectory=`), else `$XDG_STATE_HOME/inferd/prefix-store`, else
-    /// `~/.local/state/inferd/prefix-store`.
+    /// `~/.local/state/inferd/prefix-store`. A leading `~/` (or a bare `~`) is replaced
+    /// by `$HOME`.
     pub path: PathBuf,
     /// Budget of stored entries, bytes; least recently used blocks are evicted beyond it.
     #[serde(deserialize_with = "whole_number")]
@@ -324,6 +433,16 @@ impl Settings {
     /// # Errors
     /// Unreadable or malformed file, unknown key, wrong type or out-of-range value.
     pub fn load(file: Option<&Path>, cli: &CliOverrides) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, cli, None)
+    }
+
+    /// [`Settings::load`] with the environment layer read from `env` (variable name to
+    /// value) instead of the process environment when given.
+    fn load_with_env(
+        file: Option<&Path>,
+        cli: &CliOverrides,
+        env: Option<config::Map<String, String>>,
+    ) -> Result<Self, ConfigError> {
         let defaults = config::Config::try_from(&Settings::default())
             .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
         let mut builder = config::Config::builder().add_source(defaults);
@@ -339,7 +458,8 @@ impl Settings {
         builder = builder.add_source(
             config::Environment::with_prefix("INFERD")
                 .separator("__")
-                .try_parsing(true),
+                .try_parsing(true)
+                .source(env),
         );
         if let Some(m) = &cli.model {
             builder = builder
@@ -352,11 +472,25 @@ impl Settings {
                 .map_err(|e| ConfigError(e.to_string()))?;
         }
         let cfg = builder.build().map_err(|e| ConfigError(e.to_string()))?;
-        let settings: Settings = cfg
+        let mut settings: Settings = cfg
             .try_deserialize()
-            .map_err(|e| ConfigError(e.to_string()))?;
+            .map_err(|e| ConfigError(describe(e)))?;
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .map(PathBuf::from);
+        settings.expand_home(home.as_deref())?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Replaces a leading `~/` (or a bare `~`) of every path setting by `home`.
+    ///
+    /// # Errors
+    /// A path starts with `~` and `home` is `None`.
+    pub fn expand_home(&mut self, home: Option<&Path>) -> Result<(), ConfigError> {
+        expand_home("model.path", &mut self.model.path, home)?;
+        expand_home("plugins.dir", &mut self.plugins.dir, home)?;
+        expand_home("prefix_store.path", &mut self.prefix_store.path, home)
     }
 
     /// Checks value ranges; each message names the key, the bound and the value.
@@ -598,6 +732,121 @@ mod tests {
         let p = write("digits.toml", "[scheduler]\nblock_size = \"32\"\n");
         let s = Settings::load(Some(&p), &CliOverrides::default()).expect("digits");
         assert_eq!(s.scheduler.block_size, 32);
+    }
+
+    #[test]
+    fn boolean_settings_are_strictly_true_or_false() {
+        for (text, want) in [
+            (
+                "[prefix_store]\nenabled = 1\n",
+                "prefix_store.enabled must be true or false (got integer 1)",
+            ),
+            (
+                "[prefix_store]\nenabled = \"yes\"\n",
+                "prefix_store.enabled must be true or false (got string \"yes\")",
+            ),
+            (
+                "[scheduler]\nprefix_caching = 0\n",
+                "scheduler.prefix_caching must be true or false (got integer 0)",
+            ),
+            (
+                "[scheduler]\nprefix_caching = \"on\"\n",
+                "scheduler.prefix_caching must be true or false (got string \"on\")",
+            ),
+            (
+                "[scheduler]\nprefix_caching = 1.0\n",
+                "scheduler.prefix_caching must be true or false (got floating point 1)",
+            ),
+        ] {
+            let p = write("bool.toml", text);
+            let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err(text);
+            assert!(e.to_string().contains(want), "{text}: {e}");
+        }
+        // TOML booleans, and the strings "true"/"false" in any case.
+        let p = write(
+            "bool-ok.toml",
+            "[prefix_store]\nenabled = false\n[scheduler]\nprefix_caching = \"False\"\n",
+        );
+        let s = Settings::load(Some(&p), &CliOverrides::default()).expect("booleans");
+        assert!(!s.prefix_store.enabled && !s.scheduler.prefix_caching);
+        // Environment variables arrive as strings.
+        let env = |k: &str, v: &str| Some([(k.to_string(), v.to_string())].into_iter().collect());
+        for v in ["false", "FALSE"] {
+            let s = Settings::load_with_env(
+                None,
+                &CliOverrides::default(),
+                env("INFERD__PREFIX_STORE__ENABLED", v),
+            )
+            .expect(v);
+            assert!(!s.prefix_store.enabled, "{v}");
+        }
+        let s = Settings::load_with_env(
+            None,
+            &CliOverrides::default(),
+            env("INFERD__SCHEDULER__PREFIX_CACHING", "true"),
+        )
+        .expect("true");
+        assert!(s.scheduler.prefix_caching);
+        for (v, got) in [
+            ("1", "integer 1"),
+            ("yes", "string \"yes\""),
+            ("off", "string \"off\""),
+        ] {
+            let e = Settings::load_with_env(
+                None,
+                &CliOverrides::default(),
+                env("INFERD__PREFIX_STORE__ENABLED", v),
+            )
+            .expect_err(v);
+            let want = format!("prefix_store.enabled must be true or false (got {got})");
+            assert!(e.to_string().contains(&want), "{v}: {e}");
+        }
+    }
+
+    #[test]
+    fn leading_tilde_of_paths_is_the_home_directory() {
+        let home = Path::new("/home/someone");
+        let mut s = Settings::default();
+        s.model.path = PathBuf::from("~/models/m.gguf");
+        s.plugins.dir = PathBuf::from("~");
+        s.prefix_store.path = PathBuf::from("~other/store");
+        s.expand_home(Some(home)).expect("expand");
+        assert_eq!(s.model.path, PathBuf::from("/home/someone/models/m.gguf"));
+        assert_eq!(s.plugins.dir, PathBuf::from("/home/someone"));
+        // Only `~` and `~/`: `~user` and paths not starting with `~` stay as they are.
+        assert_eq!(s.prefix_store.path, PathBuf::from("~other/store"));
+        let mut s = Settings::default();
+        s.prefix_store.path = PathBuf::from("/a/~/b");
+        s.expand_home(Some(home)).expect("no tilde");
+        assert_eq!(s.prefix_store.path, PathBuf::from("/a/~/b"));
+        s.prefix_store.path = PathBuf::from("~/store");
+        let e = s.expand_home(None).expect_err("no HOME");
+        assert!(e.to_string().contains("prefix_store.path"), "{e}");
+
+        // Through the layers, with the process's HOME.
+        let p = write(
+            "tilde.toml",
+            "[model]\npath = \"~/x\"\n[plugins]\ndir = \"~/p\"\n[prefix_store]\npath = \"~/s\"\n",
+        );
+        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(h) => {
+                let h = PathBuf::from(h);
+                let s = Settings::load(Some(&p), &CliOverrides::default()).expect("load");
+                assert_eq!(s.model.path, h.join("x"));
+                assert_eq!(s.plugins.dir, h.join("p"));
+                assert_eq!(s.prefix_store.path, h.join("s"));
+                let cli = CliOverrides {
+                    model: Some(PathBuf::from("~/m.gguf")),
+                    listen: None,
+                };
+                let s = Settings::load(Some(&p), &cli).expect("load");
+                assert_eq!(s.model.path, h.join("m.gguf"));
+            }
+            None => {
+                let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("no HOME");
+                assert!(e.to_string().contains("model.path"), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! ```text
 //! inferd-cli chat "Why is the sky blue?" --system "Be brief." --max-tokens 128
 //! inferd-cli complete "Once upon a time" --temperature 0 --raw
+//! inferd-cli complete "Once upon a time" --no-cache          # bypass the prefix cache
+//! inferd-cli chat "Hello" --cache-salt tenant-a              # share cache only within a salt
 //! ```
 //!
 //! The answer streams to stdout as deltas arrive; a stats line goes to stderr. With
@@ -69,6 +71,14 @@ struct GenerateOptions {
     /// Seed for reproducible sampling.
     #[arg(long)]
     seed: Option<u64>,
+    /// Bypass the daemon's prefix cache: neither reuse cached K/V nor store this
+    /// prompt's blocks (sends `"cache": false`; the output is the same).
+    #[arg(long)]
+    no_cache: bool,
+    /// Share cached prefix blocks only with requests sending the same salt (1-256 bytes;
+    /// sends `"cache_salt"`).
+    #[arg(long, value_name = "SALT")]
+    cache_salt: Option<String>,
     /// Print every protocol frame as received (one JSON per line) instead of the text.
     #[arg(long)]
     raw: bool,
@@ -106,6 +116,12 @@ fn generate_frame(command: &Command) -> (Value, &GenerateOptions) {
     }
     if let Some(s) = options.seed {
         frame.insert("seed".into(), json!(s));
+    }
+    if options.no_cache {
+        frame.insert("cache".into(), json!(false));
+    }
+    if let Some(salt) = &options.cache_salt {
+        frame.insert("cache_salt".into(), json!(salt));
     }
     (Value::Object(frame), options)
 }
@@ -316,6 +332,21 @@ mod tests {
             frame,
             json!({"type": "generate", "id": "cli-1", "prompt": "Once"})
         );
+    }
+
+    #[test]
+    fn cache_flags_set_cache_and_salt() {
+        let cli = parse_cli(&["complete", "Once", "--no-cache", "--cache-salt", "tenant-a"]);
+        let (frame, _) = generate_frame(&cli.command);
+        assert_eq!(
+            frame,
+            json!({"type": "generate", "id": "cli-1", "prompt": "Once",
+                   "cache": false, "cache_salt": "tenant-a"})
+        );
+        let cli = parse_cli(&["chat", "hi", "--cache-salt", "s"]);
+        let (frame, _) = generate_frame(&cli.command);
+        assert_eq!(frame["cache_salt"], json!("s"));
+        assert!(frame.get("cache").is_none());
     }
 
     #[test]
