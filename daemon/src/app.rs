@@ -287,11 +287,6 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     result
 }
 
-/// Compiles the plugins in `plugins.dir` (see [`PluginRegistry::load_dir`]); a file
-/// that fails to load is logged as an error and skipped.
-///
-/// # Errors
-/// When the Wasm engine cannot start or the directory exists but cannot be read.
 /// The disk tier with its counters, when `prefix_store.enabled`.
 type DiskTier = (DiskStore, Arc<DiskCounters>);
 
@@ -299,7 +294,10 @@ type DiskTier = (DiskStore, Arc<DiskCounters>);
 /// caching is off (`scheduler.prefix_caching = false`).
 ///
 /// # Errors
-/// The weights file cannot be read for its fingerprint, or sled cannot open the store.
+/// The weights file cannot be read for its fingerprint, or `prefix_store.path` is not
+/// this daemon's to use ([`crate::prefix_store::StoreError::is_config_error`]: another
+/// daemon's lock, a foreign directory). Other failures to open the store are logged and
+/// the daemon runs with the memory tier only.
 fn open_prefix_store(
     settings: &Settings,
     cfg: &crate::model::LlamaConfig,
@@ -307,6 +305,7 @@ fn open_prefix_store(
     device: &candle_core::Device,
 ) -> anyhow::Result<Option<(ModelFingerprint, Option<DiskTier>)>> {
     if !settings.scheduler.prefix_caching {
+        tracing::info!("prefix cache: off (scheduler.prefix_caching = false)");
         return Ok(None);
     }
     let started = std::time::Instant::now();
@@ -337,17 +336,27 @@ fn open_prefix_store(
         return Ok(Some((fingerprint, None)));
     }
     let path = &settings.prefix_store.path;
-    std::fs::create_dir_all(path)
-        .with_context(|| format!("creating prefix_store.path {}", path.display()))?;
     let counters = Arc::new(DiskCounters::default());
-    let store = DiskStore::open_or_reset(
+    let store = match DiskStore::open(
         path,
         fingerprint,
         pool.block_bytes(),
         settings.prefix_store.max_bytes,
         counters.clone(),
-    )
-    .context("opening the prefix store (prefix_store.path)")?;
+    ) {
+        Ok(store) => store,
+        Err(e) if e.is_config_error() => return Err(e.into()),
+        Err(e) => {
+            // The file system failed (permissions, a full disk): serve without the
+            // disk tier rather than not at all.
+            tracing::error!(
+                error = %e,
+                "prefix cache: the disk tier cannot be opened; running with the memory \
+                 tier only"
+            );
+            return Ok(Some((fingerprint, None)));
+        }
+    };
     tracing::info!(
         fingerprint = ?fingerprint,
         block_bytes = pool.block_bytes(),
@@ -357,6 +366,11 @@ fn open_prefix_store(
     Ok(Some((fingerprint, Some((store, counters)))))
 }
 
+/// Compiles the plugins in `plugins.dir` (see [`PluginRegistry::load_dir`]); a file
+/// that fails to load is logged as an error and skipped.
+///
+/// # Errors
+/// When the Wasm engine cannot start or the directory exists but cannot be read.
 fn load_plugins(settings: &Settings, tokenizer: &TextTokenizer) -> anyhow::Result<PluginRegistry> {
     let started = std::time::Instant::now();
     let vocab = Arc::new(PluginVocab::from_tokenizer(tokenizer));

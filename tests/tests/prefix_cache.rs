@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use inferd_e2e::{ids, Client, Daemon, Generation};
+use inferd_e2e::{
+    ids, model_path, plugins_dir, start_failure, workspace_root, Client, Daemon, Generation,
+};
 use serde_json::{json, Value};
 
 const BLOCK: usize = 16;
@@ -436,9 +438,61 @@ async fn a_store_of_another_fingerprint_is_ignored() {
     assert_same("other block size", &got, &reference);
     let log = daemon.stderr_tail();
     assert_eq!(
-        log.matches("prefix store was written by another model")
+        log.matches("prefix store holds blocks written for another model")
             .count(),
         1,
         "{log}"
     );
+}
+
+/// `prefix_store.path` naming someone else's directory is refused at start-up with the
+/// field named and nothing in it touched; a path the file system refuses (here: a
+/// regular file) leaves the daemon serving with the memory tier only.
+#[tokio::test]
+async fn a_store_path_that_cannot_be_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "mine").expect("write");
+    let config = workspace_root().join("configs/test.toml");
+    let model = model_path();
+    let plugins = plugins_dir();
+    let (code, err) = start_failure(
+        &[
+            "--config",
+            config.to_str().expect("utf-8 path"),
+            "--model",
+            model.to_str().expect("utf-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[
+            (
+                "INFERD__PREFIX_STORE__PATH",
+                dir.path().to_str().expect("utf-8"),
+            ),
+            ("INFERD__PLUGINS__DIR", plugins.to_str().expect("utf-8")),
+        ],
+    )
+    .expect("run");
+    assert!(code.is_some_and(|c| c != 0), "exit {code:?}: {err}");
+    assert!(
+        err.contains("prefix_store.path") && err.contains("is not an inferd prefix store"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    assert_eq!(std::fs::read_to_string(&notes).expect("read"), "mine");
+
+    let daemon =
+        Daemon::start_with_env(&[("INFERD__PREFIX_STORE__PATH", notes.to_str().expect("utf-8"))])
+            .expect("daemon");
+    let s = stats(&daemon.url).await;
+    assert_eq!(s["enabled"], true);
+    assert_eq!(s["disk_enabled"], false);
+    let log = daemon.stderr_tail();
+    assert!(log.contains("running with the memory tier only"), "{log}");
 }

@@ -1,33 +1,59 @@
-//! The disk tier: cached blocks in a sled database, bounded by a byte budget with LRU
-//! eviction.
+//! The disk tier: cached blocks as checksummed files, indexed in sled, bounded by a
+//! byte budget with LRU eviction.
 //!
-//! Keys in the default tree:
-//! - `B` ‖ hash → the block's entry ([`super::entry`]: version, fingerprint, tokens,
-//!   K/V, CRC-32).
-//! - `L` ‖ hash → 24 bytes: last use (a logical clock, u64 LE), entry size in bytes
-//!   (u64 LE), the first 8 bytes of the writer's fingerprint.
-//! - `M` → format version (u32 LE) ‖ fingerprint of the last daemon that opened it.
+//! Layout of `prefix_store.path` (the directory belongs to the store):
 //!
-//! `B` and `L` of one block are written and removed in one atomic sled batch, so after
-//! a crash (kill -9) the pair is present or absent together; a torn or corrupt value
-//! fails its checksum when read and is deleted, never served. Start-up reads only the
-//! small `L` records to rebuild the LRU order and byte count. sled writes its log in
-//! the background and flushes it every 500 ms and on [`DiskStore::flush`].
+//! | path | content |
+//! |---|---|
+//! | `STORE` | marker: `inferd prefix store` and the layout version ([`LAYOUT`]) |
+//! | `index/` | sled: `L` ‖ hash → 24 bytes: last use (a logical clock, u64 LE), entry size in bytes (u64 LE), the first 8 bytes of the writer's fingerprint |
+//! | `blocks/xx/<hash>` | one block's entry ([`super::entry`]: version, fingerprint, hash, tokens, K/V, CRC-32); `xx` = the hash's first byte in hex, `<hash>` = all 32 bytes in hex |
+//! | `tmp/` | entries being written (emptied at open) |
+//! | `index.broken/` | the last index sled could not open, kept for inspection (one) |
+//!
+//! An entry is written to `tmp/`, renamed into `blocks/` (atomic), and only then
+//! recorded in the index, so every indexed block has a whole file unless the machine
+//! lost power; a torn or corrupt file fails its checksum when read and is deleted,
+//! never served. Evicting a block deletes its file, so the directory stays within the
+//! budget (plus the small index and file system rounding) whatever the traffic. sled
+//! holds only the 24-byte records, so its cache and log stay small.
+//!
+//! At open the index's records are matched with the files: a record without a file is
+//! dropped; a file without a record (the index was lost, or a crash came between the
+//! rename and the record) is adopted as least recently used if its header names its
+//! own hash, else deleted. So a lost or unreadable index costs only the LRU order.
+//! Entries of another fingerprint or format version are never served (they cannot
+//! match a key of this model), are logged once and evicted first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::entry::{self, FORMAT_VERSION};
+use super::entry::{self, HEADER_BYTES};
 use super::hash::{BlockHash, ModelFingerprint};
+
+/// Layout version of the store directory (the `STORE` marker's `layout` line).
+/// Layout 1 (an earlier inferd) kept the entries inside sled; such a directory is
+/// recognised and emptied.
+pub const LAYOUT: u32 = 2;
+
+const MARKER: &str = "STORE";
+const MARKER_HEAD: &str = "inferd prefix store";
+
+/// How long [`DiskStore::open`] waits for a lock another process holds (sled releases
+/// its lock shortly after the previous daemon exits).
+pub const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters of the disk tier, shared with the scheduler for the `stats` message.
 #[derive(Debug, Default)]
 pub struct DiskCounters {
     /// Blocks stored (this model's and others').
     pub blocks: AtomicU64,
-    /// Bytes of stored entries (values as written; sled's own overhead not counted).
+    /// Bytes of stored block files (file lengths; the index and file system rounding
+    /// not counted).
     pub bytes: AtomicU64,
     /// Blocks served to requests.
     pub hit_blocks: AtomicU64,
@@ -35,9 +61,10 @@ pub struct DiskCounters {
     pub written_blocks: AtomicU64,
     /// Blocks evicted to stay within the budget.
     pub evicted_blocks: AtomicU64,
-    /// Entries found corrupt, truncated or foreign when read, deleted.
+    /// Entries found corrupt, truncated, foreign or unreadable when read, deleted.
     pub dropped_corrupt: AtomicU64,
-    /// Blocks not written because the write queue was over its byte bound.
+    /// Blocks not written: the write queue was over its byte bound, or writing the
+    /// file failed (e.g. a full disk).
     pub dropped_writes: AtomicU64,
     /// Bytes of K/V handed to the store and not yet written.
     pub queued_bytes: AtomicU64,
@@ -56,28 +83,148 @@ impl DiskCounters {
             Err(_) => hashes.len(), // a poisoned lock: let the store decide
         }
     }
+
+    fn listed(&self, hash: &BlockHash) -> bool {
+        self.stored_run(std::slice::from_ref(hash)) == 1
+    }
 }
 
-/// Why the store could not be opened or used.
+/// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// sled failed (I/O, a corrupt database it cannot recover, a lock held by another
-    /// process).
-    #[error("prefix store at {path}: {source}")]
-    Sled {
-        /// The database directory.
+    /// Another process holds the store's lock.
+    #[error(
+        "prefix_store.path {}: another inferd process uses this prefix store (one daemon \
+         per store directory); stop it or set another prefix_store.path",
+        path.display()
+    )]
+    Locked {
+        /// The store directory.
         path: PathBuf,
-        /// sled's error.
-        source: sled::Error,
     },
+    /// The directory holds files that are not a prefix store's.
+    #[error(
+        "prefix_store.path {}: the directory is not empty and is not an inferd prefix \
+         store (it has no STORE file); set prefix_store.path to a new or empty directory",
+        path.display()
+    )]
+    Foreign {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// A store of a layout this build does not know (a newer inferd's).
+    #[error(
+        "prefix_store.path {}: store layout {found} (this build reads layout {LAYOUT}); \
+         set another prefix_store.path",
+        path.display()
+    )]
+    Layout {
+        /// The store directory.
+        path: PathBuf,
+        /// The layout its marker names.
+        found: String,
+    },
+    /// The file system refused (permissions, a full disk, ...).
+    #[error("prefix store at {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// sled cannot open even a fresh index.
+    #[error("prefix store index at {}: {reason}", path.display())]
+    Index {
+        /// The index directory.
+        path: PathBuf,
+        /// sled's error or panic message.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether the failure is a configuration mistake the daemon should refuse to start
+    /// with (the directory is someone else's, or another daemon's), rather than one to
+    /// run through without the disk tier (the file system failed).
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            Self::Locked { .. } | Self::Foreign { .. } | Self::Layout { .. }
+        )
+    }
+}
+
+/// A warning logged the first time, then at most once a minute with the count of
+/// occurrences in between (a full disk fails every write).
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    /// `Some(occurrences not logged since the last time)` when due.
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        match self.last {
+            Some(t) if now.duration_since(t) < Duration::from_secs(60) => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+fn hex(h: &BlockHash) -> String {
+    h.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex(s: &str) -> Option<BlockHash> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        let pair = s.get(2 * i..2 * i + 2)?;
+        if pair
+            .bytes()
+            .any(|c| !matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return None;
+        }
+        *o = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(BlockHash(out))
+}
+
+/// `blocks/xx/<hash hex>`.
+fn block_path(blocks: &Path, h: &BlockHash) -> PathBuf {
+    blocks.join(format!("{:02x}", h.0[0])).join(hex(h))
+}
+
+/// Removes a file or a directory tree; a missing one is not an error.
+fn remove_any(p: &Path) -> std::io::Result<()> {
+    let r = match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) => Err(e),
+    };
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// A read-only handle on the store for another thread: reads and verifies runs of
 /// blocks without the writer's LRU state (the [`DiskStore`] owner applies the uses and
-/// deletions it reports). sled handles are shared and thread-safe.
+/// deletions it reports).
 #[derive(Debug, Clone)]
 pub struct DiskReader {
-    db: sled::Db,
+    blocks: PathBuf,
     fingerprint: ModelFingerprint,
     block_bytes: usize,
     counters: Arc<DiskCounters>,
@@ -90,50 +237,42 @@ pub struct RunRead {
     pub blocks: Vec<Vec<u8>>,
     /// The hashes of those blocks (to mark as used).
     pub used: Vec<BlockHash>,
-    /// An entry that failed verification (to delete), or that the index listed but the
-    /// database no longer holds.
+    /// An entry that failed verification or could not be read (to delete).
     pub bad: Option<BlockHash>,
 }
 
 impl DiskReader {
     /// Reads the longest run of stored blocks `hashes[0..]` whose entries are intact
     /// and carry `tokens[i]`. The run stops at the first block missing or rejected; a
-    /// rejected entry is counted, leaves the shared index at once, and is reported in
-    /// [`RunRead::bad`] for the writer to delete.
+    /// rejected or unreadable entry is counted, leaves the shared index at once, and is
+    /// reported in [`RunRead::bad`] for the writer to delete.
     pub fn read_run(&self, hashes: &[BlockHash], tokens: &[Vec<u32>]) -> RunRead {
         let mut out = RunRead::default();
         for (h, toks) in hashes.iter().zip(tokens) {
-            let value = match self.db.get(key(b'B', h)) {
-                Ok(Some(v)) => v,
-                Ok(None) => {
-                    if self.counters.stored_run(std::slice::from_ref(h)) == 1 {
-                        out.bad = Some(*h);
-                    }
-                    break;
-                }
+            let mut value = match std::fs::read(block_path(&self.blocks, h)) {
+                Ok(v) => v,
                 Err(e) => {
-                    tracing::warn!(error = %e, "prefix store: read failed");
+                    // Evicted since the index was consulted: a plain miss.
+                    if e.kind() == std::io::ErrorKind::NotFound && !self.counters.listed(h) {
+                        break;
+                    }
+                    self.reject(h, &e.to_string(), &mut out);
                     break;
                 }
             };
             match entry::decode(&value, &self.fingerprint, h, toks, self.block_bytes) {
                 Ok(kv) => {
-                    out.blocks.push(kv.to_vec());
+                    // The payload ends 4 bytes (the CRC) before the entry's end: keep
+                    // the file's buffer instead of copying it.
+                    let end = value.len() - 4;
+                    let start = end - kv.len();
+                    value.truncate(end);
+                    value.drain(..start);
+                    out.blocks.push(value);
                     out.used.push(*h);
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        block = %h,
-                        reason = %e,
-                        "prefix store: dropped an entry that failed verification; it will be recomputed"
-                    );
-                    self.counters
-                        .dropped_corrupt
-                        .fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut set) = self.counters.index.write() {
-                        set.remove(h);
-                    }
-                    out.bad = Some(*h);
+                    self.reject(h, &e.to_string(), &mut out);
                     break;
                 }
             }
@@ -143,6 +282,22 @@ impl DiskReader {
             .fetch_add(out.blocks.len() as u64, Ordering::Relaxed);
         out
     }
+
+    fn reject(&self, h: &BlockHash, reason: &str, out: &mut RunRead) {
+        tracing::warn!(
+            block = %h,
+            reason,
+            "prefix store: dropped an entry that failed verification or could not be read; \
+             it will be recomputed"
+        );
+        self.counters
+            .dropped_corrupt
+            .fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut set) = self.counters.index.write() {
+            set.remove(h);
+        }
+        out.bad = Some(*h);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -151,12 +306,27 @@ struct Meta {
     size: u64,
 }
 
-/// One model's view of the sled prefix store. Single-threaded: the
+/// One index record as read at open.
+struct Record {
+    hash: BlockHash,
+    meta: Meta,
+    fp8: [u8; 8],
+}
+
+/// Why the index did not open.
+enum IndexFailure {
+    Locked,
+    Broken(String),
+}
+
+/// One model's view of the prefix store. Single-threaded: the
 /// [`super::PrefixStoreActor`] owns it.
 #[derive(Debug)]
 pub struct DiskStore {
     db: sled::Db,
     path: PathBuf,
+    blocks: PathBuf,
+    tmp: PathBuf,
     fingerprint: ModelFingerprint,
     block_bytes: usize,
     max_bytes: u64,
@@ -165,20 +335,22 @@ pub struct DiskStore {
     lru: BTreeMap<u64, BlockHash>,
     bytes: u64,
     counters: Arc<DiskCounters>,
+    write_warn: Throttle,
+    remove_warn: Throttle,
 }
 
-fn key(tag: u8, h: &BlockHash) -> [u8; 33] {
+fn key(h: &BlockHash) -> [u8; 33] {
     let mut k = [0u8; 33];
-    k[0] = tag;
+    k[0] = b'L';
     k[1..].copy_from_slice(&h.0);
     k
 }
 
-fn meta_value(m: Meta, fp: &ModelFingerprint) -> [u8; 24] {
+fn record_value(m: Meta, fp8: &[u8]) -> [u8; 24] {
     let mut v = [0u8; 24];
     v[..8].copy_from_slice(&m.last_use.to_le_bytes());
     v[8..16].copy_from_slice(&m.size.to_le_bytes());
-    v[16..].copy_from_slice(&fp.0[..8]);
+    v[16..].copy_from_slice(&fp8[..8]);
     v
 }
 
@@ -188,14 +360,147 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// Reads every `L` record; malformed ones are removed.
+fn read_records(db: &sled::Db) -> Result<Vec<Record>, sled::Error> {
+    let mut out = Vec::new();
+    let mut broken = Vec::new();
+    for kv in db.scan_prefix(b"L") {
+        let (k, v) = kv?;
+        if k.len() != 33 || v.len() != 24 {
+            broken.push(k);
+            continue;
+        }
+        let mut h = [0u8; 32];
+        h.copy_from_slice(&k[1..]);
+        let mut fp8 = [0u8; 8];
+        fp8.copy_from_slice(&v[16..]);
+        out.push(Record {
+            hash: BlockHash(h),
+            meta: Meta {
+                last_use: u64_at(&v, 0),
+                size: u64_at(&v, 8),
+            },
+            fp8,
+        });
+    }
+    for k in broken {
+        db.remove(k)?;
+    }
+    Ok(out)
+}
+
+/// Opens the sled index at `dir` and reads its records. sled panics on some damaged
+/// files instead of returning an error: a panic counts as a broken index. A lock held
+/// by another process is retried until `lock_wait` has passed.
+fn open_index(dir: &Path, lock_wait: Duration) -> Result<(sled::Db, Vec<Record>), IndexFailure> {
+    let config = sled::Config::new()
+        .path(dir)
+        .cache_capacity(8 << 20)
+        .flush_every_ms(Some(500));
+    let deadline = Instant::now() + lock_wait;
+    loop {
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let db = config.open()?;
+            let records = read_records(&db)?;
+            Ok::<_, sled::Error>((db, records))
+        }));
+        match attempt {
+            Ok(Ok(x)) => return Ok(x),
+            Ok(Err(sled::Error::Io(e))) if e.to_string().contains("could not acquire lock") => {
+                if Instant::now() >= deadline {
+                    return Err(IndexFailure::Locked);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(Err(e)) => return Err(IndexFailure::Broken(e.to_string())),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                return Err(IndexFailure::Broken(format!("sled panicked: {msg}")));
+            }
+        }
+    }
+}
+
+/// Makes `path` a store directory: creates it, accepts it when it has the `STORE`
+/// marker of this layout or is empty (writing the marker), empties a layout-1 store,
+/// and refuses anything else.
+fn prepare_dir(path: &Path) -> Result<(), StoreError> {
+    let io = |p: &Path, source| StoreError::Io {
+        path: p.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(path).map_err(|e| io(path, e))?;
+    let marker = path.join(MARKER);
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            let layout = text
+                .lines()
+                .find_map(|l| l.strip_prefix("layout "))
+                .map(str::trim);
+            let expected = LAYOUT.to_string();
+            if text.starts_with(MARKER_HEAD) && layout == Some(expected.as_str()) {
+                return Ok(());
+            }
+            if !text.starts_with(MARKER_HEAD) {
+                return Err(StoreError::Foreign {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Err(StoreError::Layout {
+                path: path.to_path_buf(),
+                found: layout.unwrap_or("(none)").to_string(),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&marker, e)),
+    }
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(path).map_err(|e| io(path, e))? {
+        let e = e.map_err(|e| io(path, e))?;
+        names.push(e.file_name().to_string_lossy().into_owned());
+    }
+    if !names.is_empty() {
+        let sled_file = |n: &str| matches!(n, "conf" | "db" | "blobs") || n.starts_with("snap.");
+        let layout1 = names.iter().all(|n| sled_file(n))
+            && names.iter().any(|n| n == "conf")
+            && names.iter().any(|n| n == "db");
+        if !layout1 {
+            return Err(StoreError::Foreign {
+                path: path.to_path_buf(),
+            });
+        }
+        tracing::warn!(
+            path = %path.display(),
+            "prefix store: removing a store of layout 1 (written by an earlier inferd); \
+             it starts empty"
+        );
+        for n in &names {
+            let p = path.join(n);
+            remove_any(&p).map_err(|e| io(&p, e))?;
+        }
+    }
+    std::fs::write(&marker, format!("{MARKER_HEAD}\nlayout {LAYOUT}\n"))
+        .map_err(|e| io(&marker, e))?;
+    Ok(())
+}
+
 impl DiskStore {
     /// Opens (creating) the store at `path` for blocks of `block_bytes` K/V bytes
-    /// written under `fingerprint`, bounded by `max_bytes` of entries. Entries of
-    /// another fingerprint or format version stay ignored (they can never match a key
-    /// of this model) and are evicted first as space is needed; that is logged once.
+    /// written under `fingerprint`, bounded by `max_bytes` of block files. An index
+    /// sled cannot open (or panics on) is moved to `index.broken` and rebuilt from the
+    /// block files. Entries of another fingerprint or format version stay ignored
+    /// (they can never match a key of this model) and are evicted first as space is
+    /// needed; that is logged once.
     ///
     /// # Errors
-    /// [`StoreError`] when sled cannot open the directory.
+    /// [`StoreError::Locked`] after waiting [`LOCK_WAIT`] for another process's lock;
+    /// [`StoreError::Foreign`] / [`StoreError::Layout`] when `path` is not (this
+    /// layout's) store; [`StoreError::Io`] / [`StoreError::Index`] when the file system
+    /// fails.
     pub fn open(
         path: &Path,
         fingerprint: ModelFingerprint,
@@ -203,31 +508,79 @@ impl DiskStore {
         max_bytes: u64,
         counters: Arc<DiskCounters>,
     ) -> Result<Self, StoreError> {
-        let err = |source| StoreError::Sled {
-            path: path.to_path_buf(),
+        Self::open_waiting(
+            path,
+            fingerprint,
+            block_bytes,
+            max_bytes,
+            counters,
+            LOCK_WAIT,
+        )
+    }
+
+    /// [`DiskStore::open`] with another wait for a held lock.
+    ///
+    /// # Errors
+    /// As [`DiskStore::open`].
+    pub fn open_waiting(
+        path: &Path,
+        fingerprint: ModelFingerprint,
+        block_bytes: usize,
+        max_bytes: u64,
+        counters: Arc<DiskCounters>,
+        lock_wait: Duration,
+    ) -> Result<Self, StoreError> {
+        let io = |p: &Path, source| StoreError::Io {
+            path: p.to_path_buf(),
             source,
         };
-        let config = sled::Config::new()
-            .path(path)
-            .cache_capacity(64 << 20)
-            .flush_every_ms(Some(500));
-        // sled releases its file lock when its background flusher lets go of the
-        // database, shortly after the last handle is dropped (or a previous daemon
-        // exits): retry a held lock for up to 5 s before giving up.
-        let mut attempts = 0;
-        let db = loop {
-            match config.open() {
-                Ok(db) => break db,
-                Err(sled::Error::Io(e)) if e.to_string().contains("lock") && attempts < 250 => {
-                    attempts += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+        prepare_dir(path)?;
+        let index_dir = path.join("index");
+        let (db, records) = match open_index(&index_dir, lock_wait) {
+            Ok(x) => x,
+            Err(IndexFailure::Locked) => {
+                return Err(StoreError::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(IndexFailure::Broken(reason)) => {
+                let aside = path.join("index.broken");
+                tracing::error!(
+                    path = %index_dir.display(),
+                    moved_to = %aside.display(),
+                    reason,
+                    "prefix store: the index cannot be read; moved aside, rebuilding it \
+                     from the block files"
+                );
+                remove_any(&aside).map_err(|e| io(&aside, e))?;
+                std::fs::rename(&index_dir, &aside).map_err(|e| io(&index_dir, e))?;
+                match open_index(&index_dir, lock_wait) {
+                    Ok(x) => x,
+                    Err(IndexFailure::Locked) => {
+                        return Err(StoreError::Locked {
+                            path: path.to_path_buf(),
+                        })
+                    }
+                    Err(IndexFailure::Broken(reason)) => {
+                        return Err(StoreError::Index {
+                            path: index_dir,
+                            reason,
+                        })
+                    }
                 }
-                Err(e) => return Err(err(e)),
             }
         };
+        let blocks = path.join("blocks");
+        let tmp = path.join("tmp");
+        remove_any(&tmp).map_err(|e| io(&tmp, e))?;
+        for d in [&blocks, &tmp] {
+            std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
+        }
         let mut store = Self {
             db,
             path: path.to_path_buf(),
+            blocks,
+            tmp,
             fingerprint,
             block_bytes,
             max_bytes,
@@ -236,39 +589,61 @@ impl DiskStore {
             lru: BTreeMap::new(),
             bytes: 0,
             counters,
+            write_warn: Throttle::default(),
+            remove_warn: Throttle::default(),
         };
-        let mut foreign: Vec<(u64, BlockHash)> = Vec::new();
-        let mut broken = Vec::new();
-        for kv in store.db.scan_prefix(b"L") {
-            let (k, v) = kv.map_err(err)?;
-            if k.len() != 33 || v.len() != 24 {
-                broken.push(k);
-                continue;
+        let mut files = store.scan_files().map_err(|e| io(&store.blocks, e))?;
+        let mut foreign: HashSet<BlockHash> = HashSet::new();
+        let mut dropped_records = 0usize;
+        for r in records {
+            match files.remove(&r.hash) {
+                Some(len) => {
+                    if r.fp8 != fingerprint.0[..8] {
+                        foreign.insert(r.hash);
+                    }
+                    store.entries.insert(
+                        r.hash,
+                        Meta {
+                            last_use: r.meta.last_use,
+                            size: len,
+                        },
+                    );
+                    store.bytes += len;
+                }
+                None => {
+                    dropped_records += 1;
+                    let _ = store.db.remove(key(&r.hash));
+                }
             }
-            let mut h = [0u8; 32];
-            h.copy_from_slice(&k[1..]);
-            let h = BlockHash(h);
-            let meta = Meta {
-                last_use: u64_at(&v, 0),
-                size: u64_at(&v, 8),
-            };
-            store.clock = store.clock.max(meta.last_use);
-            if v[16..] != fingerprint.0[..8] {
-                foreign.push((meta.last_use, h));
+        }
+        // Files the index does not list: adopt those whose header names them.
+        let mut adopted = 0usize;
+        for (h, len) in files {
+            let file = block_path(&store.blocks, &h);
+            match read_header(&file) {
+                Some((fp, named)) if named == h => {
+                    let meta = Meta {
+                        last_use: 0,
+                        size: len,
+                    };
+                    if fp != fingerprint {
+                        foreign.insert(h);
+                    }
+                    let _ = store.db.insert(key(&h), &record_value(meta, &fp.0)[..]);
+                    store.entries.insert(h, meta);
+                    store.bytes += len;
+                    adopted += 1;
+                }
+                _ => {
+                    let _ = remove_any(&file);
+                }
             }
-            store.entries.insert(h, meta);
-            store.bytes += meta.size;
         }
-        for k in broken {
-            let _ = store.db.remove(k);
-        }
-        // Foreign entries go to the front of the LRU order: evicted first.
-        let foreign_set: std::collections::HashSet<BlockHash> =
-            foreign.iter().map(|&(_, h)| h).collect();
+        // LRU order: foreign entries first (evicted first), then by last use.
         let mut order: Vec<(bool, u64, BlockHash)> = store
             .entries
             .iter()
-            .map(|(h, m)| (!foreign_set.contains(h), m.last_use, *h))
+            .map(|(h, m)| (!foreign.contains(h), m.last_use, *h))
             .collect();
         order.sort();
         for (i, (_, _, h)) in order.into_iter().enumerate() {
@@ -278,26 +653,15 @@ impl DiskStore {
             }
         }
         store.clock = store.entries.len() as u64;
-        let stamp = {
-            let mut s = FORMAT_VERSION.to_le_bytes().to_vec();
-            s.extend_from_slice(&fingerprint.0);
-            s
-        };
-        match store.db.get(b"M").map_err(err)? {
-            Some(old) if old.as_ref() != stamp.as_slice() => tracing::warn!(
+        if !foreign.is_empty() {
+            tracing::warn!(
                 path = %path.display(),
                 foreign_blocks = foreign.len(),
-                "prefix store was written by another model, KV dtype, block size or format \
-                 version: its blocks are ignored and evicted first as space is needed"
-            ),
-            _ if !foreign.is_empty() => tracing::warn!(
-                path = %path.display(),
-                foreign_blocks = foreign.len(),
-                "prefix store holds blocks of another model or format: they are ignored"
-            ),
-            _ => {}
+                "prefix store holds blocks written for another model, KV dtype, block size \
+                 or format version: they are never served and are evicted first as space \
+                 is needed"
+            );
         }
-        store.db.insert(b"M", stamp).map_err(err)?;
         if let Ok(mut set) = store.counters.index.write() {
             set.clear();
             set.extend(store.entries.keys().copied());
@@ -309,55 +673,48 @@ impl DiskStore {
             blocks = store.entries.len(),
             bytes = store.bytes,
             max_bytes,
+            adopted_files = adopted,
+            dropped_records,
             "prefix store opened"
         );
         Ok(store)
     }
 
-    /// [`DiskStore::open`], but a database sled cannot read (corrupt, or a format it
-    /// does not support) is moved aside to `<path>.corrupt-<unix seconds>` and a fresh one is
-    /// created, so a damaged store costs its contents, never the daemon's start.
-    ///
-    /// # Errors
-    /// As [`DiskStore::open`] for anything but corruption (e.g. a lock another daemon
-    /// holds, permissions).
-    pub fn open_or_reset(
-        path: &Path,
-        fingerprint: ModelFingerprint,
-        block_bytes: usize,
-        max_bytes: u64,
-        counters: Arc<DiskCounters>,
-    ) -> Result<Self, StoreError> {
-        match Self::open(path, fingerprint, block_bytes, max_bytes, counters.clone()) {
-            Err(StoreError::Sled {
-                source:
-                    e @ (sled::Error::Corruption { .. }
-                    | sled::Error::ReportableBug(_)
-                    | sled::Error::Unsupported(_)),
-                ..
-            }) => {
-                let secs = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                let mut aside = path.as_os_str().to_owned();
-                aside.push(format!(".corrupt-{secs}"));
-                tracing::error!(
-                    path = %path.display(),
-                    moved_to = %PathBuf::from(&aside).display(),
-                    error = %e,
-                    "prefix store is corrupt: moved aside, starting an empty one"
-                );
-                std::fs::rename(path, &aside).map_err(|io| StoreError::Sled {
-                    path: path.to_path_buf(),
-                    source: sled::Error::Io(io),
-                })?;
-                Self::open(path, fingerprint, block_bytes, max_bytes, counters)
+    /// Lists `blocks/`: hash → file length. Anything that is not `xx/<hash>` with a
+    /// matching first byte is deleted (the directory belongs to the store).
+    fn scan_files(&self) -> std::io::Result<HashMap<BlockHash, u64>> {
+        let mut found = HashMap::new();
+        for sub in std::fs::read_dir(&self.blocks)? {
+            let sub = sub?;
+            let name = sub.file_name();
+            let first = name
+                .to_str()
+                .filter(|n| n.len() == 2)
+                .and_then(|n| u8::from_str_radix(n, 16).ok())
+                .filter(|b| name.to_str() == Some(format!("{b:02x}").as_str()));
+            let Some(first) = first.filter(|_| sub.file_type().is_ok_and(|t| t.is_dir())) else {
+                remove_any(&sub.path())?;
+                continue;
+            };
+            for f in std::fs::read_dir(sub.path())? {
+                let f = f?;
+                let h = f
+                    .file_name()
+                    .to_str()
+                    .and_then(parse_hex)
+                    .filter(|h| h.0[0] == first);
+                match h {
+                    Some(h) if f.file_type().is_ok_and(|t| t.is_file()) => {
+                        found.insert(h, f.metadata()?.len());
+                    }
+                    _ => remove_any(&f.path())?,
+                }
             }
-            other => other,
         }
+        Ok(found)
     }
 
-    /// The database directory.
+    /// The store directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -372,7 +729,7 @@ impl DiskStore {
         self.entries.is_empty()
     }
 
-    /// Bytes of stored entries.
+    /// Bytes of stored block files.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -408,23 +765,33 @@ impl DiskStore {
         self.clock += 1;
         m.last_use = self.clock;
         self.lru.insert(self.clock, *hash);
-        let v = meta_value(*m, &self.fingerprint);
-        if let Err(e) = self.db.insert(key(b'L', hash), &v) {
+        let v = record_value(*m, &self.fingerprint.0);
+        if let Err(e) = self.db.insert(key(hash), &v[..]) {
             tracing::warn!(error = %e, "prefix store: updating an LRU record failed");
         }
     }
 
+    /// Deletes a block: index first (readers stop finding it), then the file, then the
+    /// record.
     fn remove(&mut self, hash: &BlockHash) {
         self.index_remove(hash);
         if let Some(m) = self.entries.remove(hash) {
             self.lru.remove(&m.last_use);
             self.bytes = self.bytes.saturating_sub(m.size);
         }
-        let mut batch = sled::Batch::default();
-        batch.remove(&key(b'B', hash)[..]);
-        batch.remove(&key(b'L', hash)[..]);
-        if let Err(e) = self.db.apply_batch(batch) {
-            tracing::warn!(error = %e, "prefix store: removing a block failed");
+        let file = block_path(&self.blocks, hash);
+        if let Err(e) = remove_any(&file) {
+            if let Some(more) = self.remove_warn.due() {
+                tracing::warn!(
+                    file = %file.display(),
+                    error = %e,
+                    similar_since_last = more,
+                    "prefix store: deleting a block file failed"
+                );
+            }
+        }
+        if let Err(e) = self.db.remove(key(hash)) {
+            tracing::warn!(error = %e, "prefix store: removing an LRU record failed");
         }
     }
 
@@ -441,7 +808,7 @@ impl DiskStore {
     /// A read-only handle for another thread ([`DiskReader`]).
     pub fn reader(&self) -> DiskReader {
         DiskReader {
-            db: self.db.clone(),
+            blocks: self.blocks.clone(),
             fingerprint: self.fingerprint,
             block_bytes: self.block_bytes,
             counters: self.counters.clone(),
@@ -471,8 +838,23 @@ impl DiskStore {
         read.blocks
     }
 
-    /// Stores one block (a no-op apart from the LRU when it is already stored), then
-    /// evicts least recently used blocks until the budget holds.
+    fn write_failed(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        self.counters.dropped_writes.fetch_add(1, Ordering::Relaxed);
+        if let Some(more) = self.write_warn.due() {
+            tracing::warn!(
+                path = %self.path.display(),
+                error = %e,
+                similar_since_last = more,
+                "prefix store: {what} failed; the block is not stored"
+            );
+        }
+    }
+
+    /// Stores one block (a no-op apart from the LRU when it is already stored): evicts
+    /// least recently used blocks until the new file fits the budget, writes it to
+    /// `tmp/`, renames it into `blocks/`, then records it. A failure (e.g. a full disk)
+    /// drops the block, counts it in `dropped_writes` and is logged at most once a
+    /// minute.
     pub fn put(&mut self, hash: &BlockHash, tokens: &[u32], kv: &[u8]) {
         if self.entries.contains_key(hash) {
             self.touch(hash);
@@ -487,46 +869,79 @@ impl DiskStore {
             return;
         }
         let value = entry::encode(&self.fingerprint, hash, tokens, kv);
+        let size = value.len() as u64;
+        if size > self.max_bytes {
+            self.write_failed(
+                "storing a block",
+                &format!(
+                    "one block is {size} bytes, more than prefix_store.max_bytes = {}",
+                    self.max_bytes
+                ),
+            );
+            return;
+        }
+        self.evict_to(self.max_bytes - size);
+        let file = block_path(&self.blocks, hash);
+        let tmp = self.tmp.join(hex(hash));
+        let written =
+            std::fs::write(&tmp, &value).and_then(|()| match std::fs::rename(&tmp, &file) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if let Some(dir) = file.parent() {
+                        std::fs::create_dir_all(dir)?;
+                    }
+                    std::fs::rename(&tmp, &file)
+                }
+                other => other,
+            });
+        if let Err(e) = written {
+            let _ = remove_any(&tmp);
+            self.write_failed("writing a block file", &e);
+            self.publish();
+            return;
+        }
         self.clock += 1;
         let meta = Meta {
             last_use: self.clock,
-            size: value.len() as u64,
+            size,
         };
-        let mut batch = sled::Batch::default();
-        batch.insert(&key(b'B', hash)[..], value);
-        batch.insert(
-            &key(b'L', hash)[..],
-            &meta_value(meta, &self.fingerprint)[..],
-        );
-        if let Err(e) = self.db.apply_batch(batch) {
-            tracing::warn!(error = %e, "prefix store: write failed");
+        if let Err(e) = self
+            .db
+            .insert(key(hash), &record_value(meta, &self.fingerprint.0)[..])
+        {
+            let _ = remove_any(&file);
+            self.write_failed("recording a block in the index", &e);
+            self.publish();
             return;
         }
         self.entries.insert(*hash, meta);
-        self.index_insert(*hash);
         self.lru.insert(meta.last_use, *hash);
-        self.bytes += meta.size;
+        self.bytes += size;
+        self.index_insert(*hash);
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
-        self.evict_to(self.max_bytes);
         self.publish();
     }
 
-    /// Writes everything to disk (sled's `flush`).
+    /// Writes the index to disk (sled's `flush`); block files are complete once
+    /// renamed. Returns the bytes sled wrote.
     ///
     /// # Errors
     /// sled's I/O error.
     pub fn flush(&self) -> Result<usize, StoreError> {
-        self.db.flush().map_err(|source| StoreError::Sled {
-            path: self.path.clone(),
-            source,
+        self.db.flush().map_err(|e| StoreError::Index {
+            path: self.path.join("index"),
+            reason: e.to_string(),
         })
     }
+}
 
-    /// The raw database (tests corrupt entries through it).
-    #[cfg(test)]
-    pub(crate) fn db(&self) -> &sled::Db {
-        &self.db
-    }
+/// The fingerprint and hash in a block file's header, or `None` when it cannot be
+/// read or is not an entry.
+fn read_header(file: &Path) -> Option<(ModelFingerprint, BlockHash)> {
+    let mut head = [0u8; HEADER_BYTES];
+    std::fs::File::open(file)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .ok()?;
+    entry::header(&head).ok()
 }
 
 #[cfg(test)]
@@ -550,6 +965,31 @@ mod tests {
         (BlockHash([i; 32]), vec![u32::from(i); 4], vec![i; BB])
     }
 
+    /// Bytes of one test block's entry (file).
+    fn entry_bytes() -> u64 {
+        entry::encode(
+            &ModelFingerprint([0; 32]),
+            &BlockHash([0; 32]),
+            &[0; 4],
+            &[0; BB],
+        )
+        .len() as u64
+    }
+
+    fn file_of(s: &DiskStore, h: &BlockHash) -> PathBuf {
+        block_path(&s.blocks, h)
+    }
+
+    /// Total bytes of the files under `p`.
+    fn du(p: &Path) -> u64 {
+        let mut n = 0;
+        for e in std::fs::read_dir(p).expect("read_dir").flatten() {
+            let m = e.metadata().expect("metadata");
+            n += if m.is_dir() { du(&e.path()) } else { m.len() };
+        }
+        n
+    }
+
     #[test]
     fn put_get_run_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -566,6 +1006,8 @@ mod tests {
                 s.put(&h, &t, &kv);
             }
             assert_eq!(s.len(), 3);
+            assert_eq!(s.bytes(), 3 * entry_bytes());
+            assert_eq!(du(&s.blocks), 3 * entry_bytes(), "one file per block");
             assert_eq!(s.counters.stored_run(&hs), 3, "the shared index lists them");
             let run = s.get_run(&hs, &ts);
             assert_eq!(run, vec![vec![1u8; BB], vec![2u8; BB], vec![3u8; BB]]);
@@ -576,6 +1018,7 @@ mod tests {
             let wrong = vec![vec![1u32; 4], vec![0u32; 4]];
             assert_eq!(s.get_run(&hs[..2], &wrong).len(), 1);
             assert!(!s.contains(&hs[1]));
+            assert!(!file_of(&s, &hs[1]).exists(), "its file is deleted");
             assert_eq!(
                 s.counters.stored_run(&hs),
                 1,
@@ -595,13 +1038,37 @@ mod tests {
     }
 
     #[test]
-    fn a_database_sled_cannot_read_is_moved_aside() {
+    fn the_directory_stays_within_the_budget_under_constant_eviction() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let max = 20 * entry_bytes();
+        let mut s = open(dir.path(), 7, max);
+        for i in 0..2000u32 {
+            let mut h = [0u8; 32];
+            h[..4].copy_from_slice(&i.to_le_bytes());
+            s.put(&BlockHash(h), &[i; 4], &[i as u8; BB]);
+            assert!(s.bytes() <= max);
+        }
+        s.flush().expect("flush");
+        assert_eq!(s.len(), 20);
+        assert_eq!(du(&s.blocks), s.bytes(), "evicted files are deleted");
+        assert_eq!(s.counters.evicted_blocks.load(Ordering::Relaxed), 1980);
+        // The index holds 24-byte records: sled's files stay small however many
+        // blocks passed through (bound: 4 MiB).
+        let index = du(&dir.path().join("index"));
+        assert!(index < 4 << 20, "index is {index} bytes");
+        assert_eq!(du(&s.tmp), 0);
+    }
+
+    #[test]
+    fn a_lost_or_unreadable_index_is_rebuilt_from_the_block_files() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store");
-        let (h, t, kv) = block(1);
+        let (h1, t1, kv1) = block(1);
+        let (h2, t2, kv2) = block(2);
         {
             let mut s = open(&path, 7, 1 << 20);
-            s.put(&h, &t, &kv);
+            s.put(&h1, &t1, &kv1);
+            s.put(&h2, &t2, &kv2);
             s.flush().expect("flush");
         }
         // Overwrite every file sled wrote with garbage.
@@ -610,62 +1077,118 @@ mod tests {
                 let p = e.path();
                 if p.is_dir() {
                     scribble(&p);
-                } else if p.file_name().is_some_and(|n| n != "db.lock") {
+                } else {
                     let len = std::fs::metadata(&p).map_or(0, |m| m.len()) as usize;
                     std::fs::write(&p, vec![0xA5u8; len.max(64)]).expect("write");
                 }
             }
         }
-        scribble(&path);
-        let mut s = DiskStore::open_or_reset(
-            &path,
-            ModelFingerprint([7; 32]),
-            BB,
-            1 << 20,
-            Arc::new(DiskCounters::default()),
-        )
-        .expect("a fresh store");
-        // sled either refused the garbage (moved aside) or recovered a database without
-        // the block: either way it opens and serves nothing wrong.
+        scribble(&path.join("index"));
+        let mut s = open(&path, 7, 1 << 20);
         assert!(
-            s.get_run(&[h], &[t]).is_empty(),
-            "nothing served from garbage"
+            path.join("index.broken").is_dir(),
+            "the damaged index is kept aside"
         );
+        assert_eq!(s.len(), 2, "both files adopted");
+        assert_eq!(
+            s.get_run(&[h1, h2], &[t1.clone(), t2]),
+            vec![kv1.clone(), kv2]
+        );
+        drop(s);
+        // No index at all: likewise.
+        std::fs::remove_dir_all(path.join("index")).expect("rm");
+        let mut s = open(&path, 7, 1 << 20);
+        assert_eq!(s.get_run(&[h1], &[t1]), vec![kv1]);
     }
 
     #[test]
-    fn corrupt_entry_is_dropped_not_served() {
+    fn records_without_files_and_stray_files_are_cleaned_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (h1, t1, kv1) = block(1);
+        let (h2, t2, kv2) = block(2);
+        let blocks;
+        {
+            let mut s = open(dir.path(), 7, 1 << 20);
+            s.put(&h1, &t1, &kv1);
+            s.put(&h2, &t2, &kv2);
+            blocks = s.blocks.clone();
+            std::fs::remove_file(file_of(&s, &h2)).expect("rm");
+            s.flush().expect("flush");
+        }
+        // A file named for another hash than its header's, junk, a half-written file.
+        let liar = block_path(&blocks, &BlockHash([3; 32]));
+        std::fs::create_dir_all(liar.parent().expect("dir")).expect("mkdir");
+        std::fs::copy(block_path(&blocks, &h1), &liar).expect("copy");
+        std::fs::write(blocks.join("junk"), b"x").expect("write");
+        std::fs::write(dir.path().join("tmp").join(hex(&h2)), b"half").expect("write");
+        let mut s = open(dir.path(), 7, 1 << 20);
+        assert_eq!(s.len(), 1);
+        assert!(s.contains(&h1) && !s.contains(&h2));
+        assert!(!liar.exists() && !blocks.join("junk").exists());
+        assert_eq!(du(&s.tmp), 0);
+        assert_eq!(s.get_run(&[h1], &[t1]), vec![kv1]);
+    }
+
+    #[test]
+    fn corrupt_truncated_missing_or_unreadable_entries_are_dropped_not_served() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = open(dir.path(), 7, 1 << 20);
         let (h, t, kv) = block(1);
+        let dropped = |s: &DiskStore| s.counters.dropped_corrupt.load(Ordering::Relaxed);
         s.put(&h, &t, &kv);
-        let k = key(b'B', &h);
-        let mut v = s.db().get(k).expect("get").expect("present").to_vec();
+        let f = file_of(&s, &h);
+        let mut v = std::fs::read(&f).expect("read");
         v[120] ^= 0x40; // a flipped bit in the K/V payload
-        s.db().insert(k, v.clone()).expect("insert");
+        std::fs::write(&f, &v).expect("write");
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
-        assert!(!s.contains(&h), "deleted");
-        assert_eq!(s.counters.dropped_corrupt.load(Ordering::Relaxed), 1);
-        // A truncated value likewise.
+        assert!(!s.contains(&h) && !f.exists(), "deleted");
+        assert_eq!(dropped(&s), 1);
+        // A truncated file likewise.
         s.put(&h, &t, &kv);
-        s.db().insert(k, &v[..v.len() / 2]).expect("insert");
+        std::fs::write(&f, &v[..v.len() / 2]).expect("write");
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
-        assert_eq!(s.counters.dropped_corrupt.load(Ordering::Relaxed), 2);
+        assert_eq!(dropped(&s), 2);
+        // A file deleted behind the store's back.
+        s.put(&h, &t, &kv);
+        std::fs::remove_file(&f).expect("rm");
+        assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
+        assert!(!s.contains(&h));
+        assert_eq!(dropped(&s), 3);
+        // A file that cannot be read (here: a directory in its place).
+        s.put(&h, &t, &kv);
+        std::fs::remove_file(&f).expect("rm");
+        std::fs::create_dir(&f).expect("mkdir");
+        assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
+        assert!(!s.contains(&h) && !f.exists(), "removed");
+        assert_eq!(dropped(&s), 4);
         // Recomputed and stored again: served.
         s.put(&h, &t, &kv);
         assert_eq!(s.get_run(&[h], &[t]), vec![kv]);
+        assert_eq!(dropped(&s), 4);
+    }
+
+    #[test]
+    fn a_write_that_fails_drops_the_block_and_the_store_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = open(dir.path(), 7, 1 << 20);
+        let (h1, t1, kv1) = block(1);
+        // tmp/ replaced by a file: every write fails (as on a full disk).
+        std::fs::remove_dir(&s.tmp).expect("rm");
+        std::fs::write(&s.tmp, b"").expect("write");
+        s.put(&h1, &t1, &kv1);
+        s.put(&BlockHash([2; 32]), &t1, &kv1);
+        assert!(s.is_empty());
+        assert_eq!(s.counters.dropped_writes.load(Ordering::Relaxed), 2);
+        std::fs::remove_file(&s.tmp).expect("rm");
+        std::fs::create_dir(&s.tmp).expect("mkdir");
+        s.put(&h1, &t1, &kv1);
+        assert_eq!(s.get_run(&[h1], &[t1]), vec![kv1]);
     }
 
     #[test]
     fn budget_evicts_least_recently_used() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let one = entry::encode(
-            &ModelFingerprint([7; 32]),
-            &BlockHash([0; 32]),
-            &[0; 4],
-            &[0; BB],
-        )
-        .len() as u64;
+        let one = entry_bytes();
         let mut s = open(dir.path(), 7, 3 * one);
         for i in 1..=3 {
             let (h, t, kv) = block(i);
@@ -680,12 +1203,14 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert!(s.contains(&h1) && s.contains(&BlockHash([3; 32])) && s.contains(&h4));
         assert!(!s.contains(&BlockHash([2; 32])));
+        assert!(!file_of(&s, &BlockHash([2; 32])).exists());
         assert_eq!(s.counters.evicted_blocks.load(Ordering::Relaxed), 1);
         drop(s);
         // A smaller budget at the next start evicts down to it, oldest first.
         let s = open(dir.path(), 7, 2 * one);
         assert_eq!(s.len(), 2);
         assert!(s.contains(&h1) && s.contains(&h4));
+        assert_eq!(du(&s.blocks), 2 * one);
     }
 
     #[test]
@@ -696,13 +1221,7 @@ mod tests {
             let mut s = open(dir.path(), 7, 1 << 20);
             s.put(&h, &t, &kv);
         }
-        let one = entry::encode(
-            &ModelFingerprint([8; 32]),
-            &BlockHash([0; 32]),
-            &[0; 4],
-            &[0; BB],
-        )
-        .len() as u64;
+        let one = entry_bytes();
         let mut s = open(dir.path(), 8, 2 * one);
         // Same hash, other model: rejected by the entry's fingerprint and deleted.
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
@@ -718,5 +1237,82 @@ mod tests {
         assert_eq!(s8.len(), 1);
         assert!(s8.contains(&BlockHash([5; 32])));
         assert!(!s8.contains(&h2));
+    }
+
+    #[test]
+    fn a_foreign_directory_is_refused_untouched_and_layout_1_is_emptied() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("notes.txt"), b"mine").expect("write");
+        let err = DiskStore::open(
+            dir.path(),
+            ModelFingerprint([7; 32]),
+            BB,
+            1 << 20,
+            Arc::new(DiskCounters::default()),
+        )
+        .expect_err("foreign");
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(err.is_config_error());
+        assert!(err.to_string().contains("prefix_store.path"), "{err}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read_dir")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("notes.txt")]);
+
+        // A layout-1 store (sled's files directly in the directory).
+        let old = tempfile::tempdir().expect("tempdir");
+        for f in ["conf", "db", "snap.0000000000000060"] {
+            std::fs::write(old.path().join(f), b"old").expect("write");
+        }
+        std::fs::create_dir(old.path().join("blobs")).expect("mkdir");
+        let mut s = open(old.path(), 7, 1 << 20);
+        assert!(s.is_empty());
+        assert!(!old.path().join("conf").exists() && !old.path().join("blobs").exists());
+        let (h, t, kv) = block(1);
+        s.put(&h, &t, &kv);
+        assert_eq!(s.get_run(&[h], &[t]), vec![kv]);
+
+        // A marker of another layout.
+        let newer = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            newer.path().join("STORE"),
+            "inferd prefix store\nlayout 9\n",
+        )
+        .expect("write");
+        let err = DiskStore::open(
+            newer.path(),
+            ModelFingerprint([7; 32]),
+            BB,
+            1 << 20,
+            Arc::new(DiskCounters::default()),
+        )
+        .expect_err("layout");
+        assert!(
+            matches!(&err, StoreError::Layout { found, .. } if found == "9"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_store_in_use_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _first = open(dir.path(), 7, 1 << 20);
+        let err = DiskStore::open_waiting(
+            dir.path(),
+            ModelFingerprint([7; 32]),
+            BB,
+            1 << 20,
+            Arc::new(DiskCounters::default()),
+            Duration::from_millis(100),
+        )
+        .expect_err("locked");
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("another inferd process uses this prefix store"),
+            "{err}"
+        );
     }
 }

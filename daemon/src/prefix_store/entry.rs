@@ -108,6 +108,31 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Bytes of the header [`header`] reads: magic, version, fingerprint, hash.
+pub const HEADER_BYTES: usize = 4 + 4 + 32 + 32;
+
+/// Reads the fingerprint and block hash from the first [`HEADER_BYTES`] of an entry
+/// without checking the rest (the store adopts block files its index lost by these;
+/// the whole entry is still verified by [`decode`] before it is served).
+///
+/// # Errors
+/// [`EntryError::Truncated`], [`EntryError::BadMagic`] or [`EntryError::Version`].
+pub fn header(bytes: &[u8]) -> Result<(ModelFingerprint, BlockHash), EntryError> {
+    let mut r = Reader { bytes, at: 0 };
+    if r.take(4)? != MAGIC {
+        return Err(EntryError::BadMagic);
+    }
+    let version = r.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(EntryError::Version(version));
+    }
+    let mut fp = [0u8; 32];
+    fp.copy_from_slice(r.take(32)?);
+    let mut h = [0u8; 32];
+    h.copy_from_slice(r.take(32)?);
+    Ok((ModelFingerprint(fp), BlockHash(h)))
+}
+
 /// Checks an entry against what the request expects and returns its K/V payload.
 ///
 /// # Errors
@@ -180,6 +205,11 @@ mod tests {
         let e = encode(&fp, &h, &toks, &kv);
         assert_eq!(e.len(), 4 + 4 + 32 + 32 + 4 + 16 + 8 + 64 + 4);
         assert_eq!(decode(&e, &fp, &h, &toks, 64), Ok(kv.as_slice()));
+        assert_eq!(header(&e[..HEADER_BYTES]), Ok((fp, h)));
+        assert_eq!(
+            header(&e[..HEADER_BYTES - 1]),
+            Err(EntryError::Truncated(71))
+        );
 
         assert_eq!(
             decode(&e, &ModelFingerprint([4; 32]), &h, &toks, 64),
