@@ -874,40 +874,23 @@ fn load_average() -> Option<String> {
 }
 
 fn render(rows: &[Row], goals: &[Goal]) -> String {
-    use std::fmt::Write;
-    let cell = crate::report::cell;
-    let width = rows
+    use crate::report::{cell, goal_list, table};
+    let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.metric.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<width$} | {:>10} | {:>10}",
-        "metric", "inferd", "llama.cpp"
-    );
-    let _ = writeln!(out, "{}", "-".repeat(width + 26));
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<width$} | {:>10} | {:>10}",
-            r.metric,
-            cell(r.inferd),
-            cell(r.peer)
-        );
-    }
-    let _ = writeln!(out, "\ngoals of issue 5:");
-    for g in goals {
-        let measured = g.measured.map_or("-".into(), |x| format!("{x:.4}"));
-        let _ = writeln!(
-            out,
-            "  [{:>3}] {} (measured {measured})",
-            g.met.to_uppercase(),
-            g.goal
-        );
-    }
+        .map(|r| vec![r.metric.clone(), cell(r.inferd), cell(r.peer)])
+        .collect();
+    let mut out = table(&[("metric", 0), ("inferd", 10), ("llama.cpp", 10)], &cells);
+    let lines: Vec<(String, String, String)> = goals
+        .iter()
+        .map(|g| {
+            (
+                g.met.clone(),
+                g.goal.clone(),
+                g.measured.map_or("-".into(), |x| format!("{x:.4}")),
+            )
+        })
+        .collect();
+    out.push_str(&goal_list("goals of issue 5:", &lines));
     out
 }
 

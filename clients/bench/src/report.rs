@@ -183,43 +183,95 @@ pub fn cell(value: Option<f64>) -> String {
 
 /// Renders the table and the goals as text.
 pub fn render(rows: &[Row], goals: &[Goal]) -> String {
-    let width = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.metric.len())
+        .map(|r| {
+            vec![
+                r.metric.clone(),
+                cell(r.inferd),
+                cell(r.peer),
+                r.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
+                match r.higher_is_better {
+                    Some(true) => "higher",
+                    Some(false) => "lower",
+                    None => "-",
+                }
+                .into(),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            ("metric", 0),
+            ("inferd", 10),
+            ("llama.cpp", 10),
+            ("ratio", 6),
+            ("better", 0),
+        ],
+        &cells,
+    );
+    let lines: Vec<(String, String, String)> = goals
+        .iter()
+        .map(|g| {
+            (
+                g.status.clone(),
+                g.goal.clone(),
+                g.measured.map_or("-".into(), |x| format!("{x:.2}x")),
+            )
+        })
+        .collect();
+    out.push_str(&goal_list(
+        "goals of issue 3 (ratio = inferd / llama.cpp):",
+        &lines,
+    ));
+    out
+}
+
+/// A plain-text table. `columns` are (header, width): the first column is left-aligned
+/// to its widest cell, the others right-aligned to `width` characters (0: unpadded).
+pub fn table(columns: &[(&str, usize)], rows: &[Vec<String>]) -> String {
+    let first = rows
+        .iter()
+        .filter_map(|r| r.first())
+        .map(String::len)
+        .chain(columns.first().map(|c| c.0.len()))
         .max()
         .unwrap_or(6)
         .max(6);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<width$} | {:>10} | {:>10} | {:>6} | better",
-        "metric", "inferd", "llama.cpp", "ratio"
-    );
-    let _ = writeln!(out, "{}", "-".repeat(width + 45));
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, (c, (_, w))) in cells.zip(columns).enumerate() {
+            if i == 0 {
+                let _ = write!(l, "{c:<first$}");
+            } else {
+                let _ = write!(l, " | {c:>w$}");
+            }
+        }
+        l.push('\n');
+        l
+    };
+    let mut out = line(&mut columns.iter().map(|c| c.0));
+    let rule = first
+        + columns
+            .iter()
+            .skip(1)
+            .map(|c| 3 + c.1.max(c.0.len()))
+            .sum::<usize>();
+    let _ = writeln!(out, "{}", "-".repeat(rule));
     for r in rows {
-        let ratio = r.ratio.map_or("-".into(), |x| format!("{x:.2}x"));
-        let better = match r.higher_is_better {
-            Some(true) => "higher",
-            Some(false) => "lower",
-            None => "-",
-        };
-        let _ = writeln!(
-            out,
-            "{:<width$} | {:>10} | {:>10} | {:>6} | {better}",
-            r.metric,
-            cell(r.inferd),
-            cell(r.peer),
-            ratio
-        );
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
     }
-    let _ = writeln!(out, "\ngoals of issue 3 (ratio = inferd / llama.cpp):");
-    for g in goals {
-        let measured = g.measured.map_or("-".into(), |x| format!("{x:.2}x"));
+    out
+}
+
+/// The goals under a title: `  [STATUS] goal (measured m)` per (status, goal, m).
+pub fn goal_list(title: &str, goals: &[(String, String, String)]) -> String {
+    let mut out = format!("\n{title}\n");
+    for (status, goal, measured) in goals {
         let _ = writeln!(
             out,
-            "  [{:>4}] {} (measured {measured})",
-            g.status.to_uppercase(),
-            g.goal
+            "  [{:>4}] {goal} (measured {measured})",
+            status.to_uppercase()
         );
     }
     out
@@ -271,6 +323,18 @@ mod tests {
         let g = goals(&ours, None);
         assert_eq!(g[0].status, "n/a");
         assert_eq!(g[3].status, "pass");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &[("metric", 0), ("a", 4)],
+            &[vec!["long metric".into(), "1.5".into()]],
+        );
+        assert_eq!(
+            t,
+            "metric      |    a\n------------------\nlong metric |  1.5\n"
+        );
     }
 
     #[test]

@@ -12,7 +12,8 @@ use actix::{
 
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
-use crate::prefix_store::{chain_hash, root_hash, LookupRun, PrefixReadActor};
+use crate::prefix_store::hash::extend_hashes;
+use crate::prefix_store::{root_hash, LookupRun, PrefixReadActor};
 use crate::request::{FinishReason, SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
@@ -97,11 +98,14 @@ impl SchedulerActor {
             .map(<[u32]>::to_vec)
             .collect();
         let mut hashes = Vec::with_capacity(cap);
-        let mut parent = root_hash(&prefix.fingerprint, &req.cache.salt);
-        for t in &tokens {
-            parent = chain_hash(&parent, &prefix.fingerprint, t);
-            hashes.push(parent);
-        }
+        extend_hashes(
+            &mut hashes,
+            &root_hash(&prefix.fingerprint, &req.cache.salt),
+            &prefix.fingerprint,
+            &req.prompt,
+            bs,
+            cap,
+        );
         let m = self
             .scheduler
             .blocks()
