@@ -1053,9 +1053,10 @@ mod tests {
         assert_eq!(du(&s.blocks), s.bytes(), "evicted files are deleted");
         assert_eq!(s.counters.evicted_blocks.load(Ordering::Relaxed), 1980);
         // The index holds 24-byte records: sled's files stay small however many
-        // blocks passed through (bound: 4 MiB).
+        // blocks passed through (about 4 MiB of log after 200,000 writes, measured;
+        // bound here: 8 MiB).
         let index = du(&dir.path().join("index"));
-        assert!(index < 4 << 20, "index is {index} bytes");
+        assert!(index < 8 << 20, "index is {index} bytes");
         assert_eq!(du(&s.tmp), 0);
     }
 
