@@ -14,6 +14,8 @@ pub struct PersistBlock {
     pub block: u32,
     /// Its chained hash.
     pub hash: BlockHash,
+    /// The hash of the block before it in the prompt (`None` for the first block).
+    pub parent: Option<BlockHash>,
     /// Its token ids.
     pub tokens: Vec<u32>,
 }
@@ -173,6 +175,7 @@ impl ModelRunner {
                 match self.pool.read_block(p.block) {
                     Ok(kv) => sink.offer(StoreBlock {
                         hash: p.hash,
+                        parent: p.parent,
                         tokens: p.tokens.clone(),
                         kv,
                     }),

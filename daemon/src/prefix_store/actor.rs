@@ -41,6 +41,9 @@ pub struct ApplyRead {
 pub struct StoreBlock {
     /// The block's hash.
     pub hash: BlockHash,
+    /// The hash of the block before it (`None` for a prompt's first block): the store
+    /// evicts a chain's tail before its head.
+    pub parent: Option<BlockHash>,
     /// Its token ids.
     pub tokens: Vec<u32>,
     /// K/V bytes ([`crate::model::KvBlockPool::read_block`] layout).
@@ -144,7 +147,7 @@ impl Handler<StoreBlock> for PrefixStoreActor {
             .queued_bytes
             .fetch_sub(msg.kv.len() as u64, Ordering::Relaxed);
         if let Some(s) = self.store.as_mut() {
-            s.put(&msg.hash, &msg.tokens, &msg.kv);
+            s.put(&msg.hash, msg.parent.as_ref(), &msg.tokens, &msg.kv);
         }
     }
 }

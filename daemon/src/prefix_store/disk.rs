@@ -6,7 +6,7 @@
 //! | path | content |
 //! |---|---|
 //! | `STORE` | marker: `inferd prefix store` and the layout version ([`LAYOUT`]) |
-//! | `index/` | sled: `L` ‖ hash → 24 bytes: last use (a logical clock, u64 LE), entry size in bytes (u64 LE), the first 8 bytes of the writer's fingerprint |
+//! | `index/` | sled: `L` ‖ hash → 56 bytes: last use (a logical clock, u64 LE), entry size in bytes (u64 LE), the first 8 bytes of the writer's fingerprint, the parent block's hash (32 bytes, zero for a chain's first block) |
 //! | `blocks/xx/<hash>` | one block's entry ([`super::entry`]: version, fingerprint, hash, tokens, K/V, CRC-32); `xx` = the hash's first byte in hex, `<hash>` = all 32 bytes in hex |
 //! | `tmp/` | entries being written (emptied at open) |
 //! | `index.broken/` | the last index sled could not open, kept for inspection (one) |
@@ -16,7 +16,13 @@
 //! lost power; a torn or corrupt file fails its checksum when read and is deleted,
 //! never served. Evicting a block deletes its file, so the directory stays within the
 //! budget (plus the small index and file system rounding) whatever the traffic. sled
-//! holds only the 24-byte records, so its cache and log stay small.
+//! holds only the 56-byte records, so its cache and log stay small.
+//!
+//! Eviction takes the least recently used block's deepest descendant first (a leaf of
+//! the chain tree): a lookup matches a prompt from its first block, so evicting a
+//! block while its descendants stay would strand them. The budget is also lowered for
+//! the run when the file system has less room than `max_bytes` (keeping 5 % of it, at
+//! least 1 MiB and at most 256 MiB, free) or fills up while writing.
 //!
 //! At open the index's records are matched with the files: a record without a file is
 //! dropped; a file without a record (the index was lost, or a crash came between the
@@ -105,7 +111,7 @@ pub enum StoreError {
     /// The directory holds files that are not a prefix store's.
     #[error(
         "prefix_store.path {}: the directory is not empty and is not an inferd prefix \
-         store (it has no STORE file); set prefix_store.path to a new or empty directory",
+         store (no STORE marker of one); set prefix_store.path to a new or empty directory",
         path.display()
     )]
     Foreign {
@@ -304,6 +310,8 @@ impl DiskReader {
 struct Meta {
     last_use: u64,
     size: u64,
+    /// The block before it in its chain (`None`: the first block, or unknown).
+    parent: Option<BlockHash>,
 }
 
 /// One index record as read at open.
@@ -316,7 +324,10 @@ struct Record {
 /// Why the index did not open.
 enum IndexFailure {
     Locked,
+    /// sled cannot read it (corrupt, missing files, a panic): move it aside.
     Broken(String),
+    /// The file system refused (a full disk, permissions): leave it be.
+    Io(std::io::Error),
 }
 
 /// One model's view of the prefix store. Single-threaded: the
@@ -333,6 +344,8 @@ pub struct DiskStore {
     clock: u64,
     entries: HashMap<BlockHash, Meta>,
     lru: BTreeMap<u64, BlockHash>,
+    /// Stored blocks by parent hash (the chain tree, for eviction).
+    children: HashMap<BlockHash, Vec<BlockHash>>,
     bytes: u64,
     counters: Arc<DiskCounters>,
     write_warn: Throttle,
@@ -346,11 +359,17 @@ fn key(h: &BlockHash) -> [u8; 33] {
     k
 }
 
-fn record_value(m: Meta, fp8: &[u8]) -> [u8; 24] {
-    let mut v = [0u8; 24];
+/// Bytes of one index record.
+const RECORD_BYTES: usize = 56;
+
+fn record_value(m: Meta, fp8: &[u8]) -> [u8; RECORD_BYTES] {
+    let mut v = [0u8; RECORD_BYTES];
     v[..8].copy_from_slice(&m.last_use.to_le_bytes());
     v[8..16].copy_from_slice(&m.size.to_le_bytes());
-    v[16..].copy_from_slice(&fp8[..8]);
+    v[16..24].copy_from_slice(&fp8[..8]);
+    if let Some(p) = m.parent {
+        v[24..].copy_from_slice(&p.0);
+    }
     v
 }
 
@@ -366,19 +385,22 @@ fn read_records(db: &sled::Db) -> Result<Vec<Record>, sled::Error> {
     let mut broken = Vec::new();
     for kv in db.scan_prefix(b"L") {
         let (k, v) = kv?;
-        if k.len() != 33 || v.len() != 24 {
+        if k.len() != 33 || v.len() != RECORD_BYTES {
             broken.push(k);
             continue;
         }
         let mut h = [0u8; 32];
         h.copy_from_slice(&k[1..]);
         let mut fp8 = [0u8; 8];
-        fp8.copy_from_slice(&v[16..]);
+        fp8.copy_from_slice(&v[16..24]);
+        let mut parent = [0u8; 32];
+        parent.copy_from_slice(&v[24..]);
         out.push(Record {
             hash: BlockHash(h),
             meta: Meta {
                 last_use: u64_at(&v, 0),
                 size: u64_at(&v, 8),
+                parent: (parent != [0u8; 32]).then_some(BlockHash(parent)),
             },
             fp8,
         });
@@ -412,6 +434,16 @@ fn open_index(dir: &Path, lock_wait: Duration) -> Result<(sled::Db, Vec<Record>)
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
+            Ok(Err(sled::Error::Io(e)))
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::InvalidData
+                        | std::io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                return Err(IndexFailure::Io(e));
+            }
             Ok(Err(e)) => return Err(IndexFailure::Broken(e.to_string())),
             Err(panic) => {
                 let msg = panic
@@ -433,6 +465,12 @@ fn prepare_dir(path: &Path) -> Result<(), StoreError> {
         path: p.to_path_buf(),
         source,
     };
+    if path.exists() && !path.is_dir() {
+        return Err(io(
+            path,
+            std::io::Error::other("it exists and is not a directory"),
+        ));
+    }
     std::fs::create_dir_all(path).map_err(|e| io(path, e))?;
     let marker = path.join(MARKER);
     match std::fs::read_to_string(&marker) {
@@ -543,6 +581,7 @@ impl DiskStore {
                     path: path.to_path_buf(),
                 })
             }
+            Err(IndexFailure::Io(e)) => return Err(io(&index_dir, e)),
             Err(IndexFailure::Broken(reason)) => {
                 let aside = path.join("index.broken");
                 tracing::error!(
@@ -561,6 +600,7 @@ impl DiskStore {
                             path: path.to_path_buf(),
                         })
                     }
+                    Err(IndexFailure::Io(e)) => return Err(io(&index_dir, e)),
                     Err(IndexFailure::Broken(reason)) => {
                         return Err(StoreError::Index {
                             path: index_dir,
@@ -587,12 +627,13 @@ impl DiskStore {
             clock: 0,
             entries: HashMap::new(),
             lru: BTreeMap::new(),
+            children: HashMap::new(),
             bytes: 0,
             counters,
             write_warn: Throttle::default(),
             remove_warn: Throttle::default(),
         };
-        let mut files = store.scan_files().map_err(|e| io(&store.blocks, e))?;
+        let (mut files, strays) = store.scan_files().map_err(|e| io(&store.blocks, e))?;
         let mut foreign: HashSet<BlockHash> = HashSet::new();
         let mut dropped_records = 0usize;
         for r in records {
@@ -604,8 +645,8 @@ impl DiskStore {
                     store.entries.insert(
                         r.hash,
                         Meta {
-                            last_use: r.meta.last_use,
                             size: len,
+                            ..r.meta
                         },
                     );
                     store.bytes += len;
@@ -625,6 +666,7 @@ impl DiskStore {
                     let meta = Meta {
                         last_use: 0,
                         size: len,
+                        parent: None,
                     };
                     if fp != fingerprint {
                         foreign.insert(h);
@@ -653,6 +695,11 @@ impl DiskStore {
             }
         }
         store.clock = store.entries.len() as u64;
+        for (h, m) in &store.entries {
+            if let Some(p) = m.parent {
+                store.children.entry(p).or_default().push(*h);
+            }
+        }
         if !foreign.is_empty() {
             tracing::warn!(
                 path = %path.display(),
@@ -666,24 +713,28 @@ impl DiskStore {
             set.clear();
             set.extend(store.entries.keys().copied());
         }
+        store.fit_budget_to_free_space();
         store.evict_to(store.max_bytes);
         store.publish();
         tracing::info!(
             path = %path.display(),
             blocks = store.entries.len(),
             bytes = store.bytes,
-            max_bytes,
+            max_bytes = store.max_bytes,
             adopted_files = adopted,
             dropped_records,
+            removed_stray_files = strays,
             "prefix store opened"
         );
         Ok(store)
     }
 
-    /// Lists `blocks/`: hash → file length. Anything that is not `xx/<hash>` with a
-    /// matching first byte is deleted (the directory belongs to the store).
-    fn scan_files(&self) -> std::io::Result<HashMap<BlockHash, u64>> {
+    /// Lists `blocks/`: hash → file length, and how many stray entries were deleted:
+    /// anything that is not `xx/<hash>` with a matching first byte, or is too short to
+    /// be an entry (the directory belongs to the store).
+    fn scan_files(&self) -> std::io::Result<(HashMap<BlockHash, u64>, usize)> {
         let mut found = HashMap::new();
+        let mut strays = 0;
         for sub in std::fs::read_dir(&self.blocks)? {
             let sub = sub?;
             let name = sub.file_name();
@@ -694,6 +745,7 @@ impl DiskStore {
                 .filter(|b| name.to_str() == Some(format!("{b:02x}").as_str()));
             let Some(first) = first.filter(|_| sub.file_type().is_ok_and(|t| t.is_dir())) else {
                 remove_any(&sub.path())?;
+                strays += 1;
                 continue;
             };
             for f in std::fs::read_dir(sub.path())? {
@@ -703,15 +755,44 @@ impl DiskStore {
                     .to_str()
                     .and_then(parse_hex)
                     .filter(|h| h.0[0] == first);
+                let len = f.metadata()?.len();
                 match h {
-                    Some(h) if f.file_type().is_ok_and(|t| t.is_file()) => {
-                        found.insert(h, f.metadata()?.len());
+                    Some(h)
+                        if f.file_type().is_ok_and(|t| t.is_file())
+                            && len > HEADER_BYTES as u64 =>
+                    {
+                        found.insert(h, len);
                     }
-                    _ => remove_any(&f.path())?,
+                    _ => {
+                        remove_any(&f.path())?;
+                        strays += 1;
+                    }
                 }
             }
         }
-        Ok(found)
+        Ok((found, strays))
+    }
+
+    /// Lowers the budget for this run when the file system cannot hold `max_bytes`
+    /// more than the store already does while keeping 5 % of its size (at least
+    /// 1 MiB, at most 256 MiB) free.
+    fn fit_budget_to_free_space(&mut self) {
+        let Some((avail, total)) = fs_space(&self.path) else {
+            return;
+        };
+        let reserve = (total / 20).clamp(1 << 20, 256 << 20);
+        let room = (self.bytes + avail).saturating_sub(reserve);
+        if room < self.max_bytes {
+            tracing::warn!(
+                path = %self.path.display(),
+                configured = self.max_bytes,
+                lowered_to = room,
+                free_bytes = avail,
+                "prefix store: prefix_store.max_bytes is more than the file system has \
+                 room for; the budget is lowered for this run"
+            );
+            self.max_bytes = room;
+        }
     }
 
     /// The store directory.
@@ -778,6 +859,14 @@ impl DiskStore {
         if let Some(m) = self.entries.remove(hash) {
             self.lru.remove(&m.last_use);
             self.bytes = self.bytes.saturating_sub(m.size);
+            if let Some(p) = m.parent {
+                if let Some(kids) = self.children.get_mut(&p) {
+                    kids.retain(|k| k != hash);
+                    if kids.is_empty() {
+                        self.children.remove(&p);
+                    }
+                }
+            }
         }
         let file = block_path(&self.blocks, hash);
         if let Err(e) = remove_any(&file) {
@@ -797,12 +886,32 @@ impl DiskStore {
 
     fn evict_to(&mut self, bound: u64) {
         while self.bytes > bound {
-            let Some((_, h)) = self.lru.pop_first() else {
+            let Some(h) = self.eviction_victim() else {
                 break;
             };
             self.remove(&h);
             self.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The least recently used block's least recently used descendant that has no
+    /// stored child: a lookup matches a chain from its first block, so evicting a block
+    /// while blocks after it stay would strand them.
+    fn eviction_victim(&self) -> Option<BlockHash> {
+        let (_, &oldest) = self.lru.first_key_value()?;
+        let mut victim = oldest;
+        for _ in 0..self.entries.len() {
+            let next = self.children.get(&victim).and_then(|kids| {
+                kids.iter()
+                    .filter_map(|k| self.entries.get(k).map(|m| (m.last_use, *k)))
+                    .min()
+            });
+            match next {
+                Some((_, k)) => victim = k,
+                None => break,
+            }
+        }
+        Some(victim)
     }
 
     /// A read-only handle for another thread ([`DiskReader`]).
@@ -838,11 +947,11 @@ impl DiskStore {
         read.blocks
     }
 
-    fn write_failed(&mut self, what: &str, e: &dyn std::fmt::Display) {
+    fn write_failed(&mut self, what: &str, file: &Path, e: &dyn std::fmt::Display) {
         self.counters.dropped_writes.fetch_add(1, Ordering::Relaxed);
         if let Some(more) = self.write_warn.due() {
             tracing::warn!(
-                path = %self.path.display(),
+                file = %file.display(),
                 error = %e,
                 similar_since_last = more,
                 "prefix store: {what} failed; the block is not stored"
@@ -850,12 +959,13 @@ impl DiskStore {
         }
     }
 
-    /// Stores one block (a no-op apart from the LRU when it is already stored): evicts
-    /// least recently used blocks until the new file fits the budget, writes it to
-    /// `tmp/`, renames it into `blocks/`, then records it. A failure (e.g. a full disk)
-    /// drops the block, counts it in `dropped_writes` and is logged at most once a
-    /// minute.
-    pub fn put(&mut self, hash: &BlockHash, tokens: &[u32], kv: &[u8]) {
+    /// Stores one block (a no-op apart from the LRU when it is already stored), the
+    /// child of `parent` in its chain (`None` for a prompt's first block): evicts until
+    /// the new file fits the budget, writes it to `tmp/`, renames it into `blocks/`,
+    /// then records it. A full file system lowers the budget for the run (to 7/8 of the
+    /// bytes stored), evicts and retries once. A failure drops the block, counts it in
+    /// `dropped_writes` and is logged at most once a minute.
+    pub fn put(&mut self, hash: &BlockHash, parent: Option<&BlockHash>, tokens: &[u32], kv: &[u8]) {
         if self.entries.contains_key(hash) {
             self.touch(hash);
             return;
@@ -870,32 +980,33 @@ impl DiskStore {
         }
         let value = entry::encode(&self.fingerprint, hash, tokens, kv);
         let size = value.len() as u64;
+        let file = block_path(&self.blocks, hash);
         if size > self.max_bytes {
-            self.write_failed(
-                "storing a block",
-                &format!(
-                    "one block is {size} bytes, more than prefix_store.max_bytes = {}",
-                    self.max_bytes
-                ),
+            let reason = format!(
+                "one block is {size} bytes, more than the budget of {} bytes",
+                self.max_bytes
             );
+            self.write_failed("storing a block", &file, &reason);
             return;
         }
         self.evict_to(self.max_bytes - size);
-        let file = block_path(&self.blocks, hash);
-        let tmp = self.tmp.join(hex(hash));
-        let written =
-            std::fs::write(&tmp, &value).and_then(|()| match std::fs::rename(&tmp, &file) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    if let Some(dir) = file.parent() {
-                        std::fs::create_dir_all(dir)?;
-                    }
-                    std::fs::rename(&tmp, &file)
-                }
-                other => other,
-            });
+        let mut written = self.write_entry(hash, &file, &value);
+        if let Err(e) = &written {
+            if e.raw_os_error() == Some(libc::ENOSPC) && self.bytes > 0 {
+                let lowered = self.bytes - self.bytes / 8;
+                tracing::warn!(
+                    path = %self.path.display(),
+                    lowered_to = lowered,
+                    "prefix store: the file system is full; the budget is lowered for \
+                     this run"
+                );
+                self.max_bytes = self.max_bytes.min(lowered);
+                self.evict_to(self.max_bytes.saturating_sub(size));
+                written = self.write_entry(hash, &file, &value);
+            }
+        }
         if let Err(e) = written {
-            let _ = remove_any(&tmp);
-            self.write_failed("writing a block file", &e);
+            self.write_failed("writing a block file", &file, &e);
             self.publish();
             return;
         }
@@ -903,22 +1014,59 @@ impl DiskStore {
         let meta = Meta {
             last_use: self.clock,
             size,
+            parent: parent.copied(),
         };
         if let Err(e) = self
             .db
             .insert(key(hash), &record_value(meta, &self.fingerprint.0)[..])
         {
             let _ = remove_any(&file);
-            self.write_failed("recording a block in the index", &e);
+            let index = self.path.join("index");
+            self.write_failed("recording a block in the index", &index, &e);
             self.publish();
             return;
         }
         self.entries.insert(*hash, meta);
         self.lru.insert(meta.last_use, *hash);
+        if let Some(p) = meta.parent {
+            self.children.entry(p).or_default().push(*hash);
+        }
         self.bytes += size;
         self.index_insert(*hash);
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
         self.publish();
+    }
+
+    /// Writes `value` to `tmp/<hash>` and renames it to `file`, creating either
+    /// directory if it went missing. On failure nothing is left in `tmp/`.
+    fn write_entry(&self, hash: &BlockHash, file: &Path, value: &[u8]) -> std::io::Result<()> {
+        let tmp = self.tmp.join(hex(hash));
+        let missing = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let r = std::fs::write(&tmp, value)
+            .or_else(|e| {
+                if missing(&e) {
+                    std::fs::create_dir_all(&self.tmp)?;
+                    std::fs::write(&tmp, value)
+                } else {
+                    Err(e)
+                }
+            })
+            .and_then(|()| {
+                std::fs::rename(&tmp, file).or_else(|e| {
+                    if missing(&e) {
+                        if let Some(dir) = file.parent() {
+                            std::fs::create_dir_all(dir)?;
+                        }
+                        std::fs::rename(&tmp, file)
+                    } else {
+                        Err(e)
+                    }
+                })
+            });
+        if r.is_err() {
+            let _ = remove_any(&tmp);
+        }
+        r
     }
 
     /// Writes the index to disk (sled's `flush`); block files are complete once
@@ -932,6 +1080,21 @@ impl DiskStore {
             reason: e.to_string(),
         })
     }
+}
+
+/// (available, total) bytes of the file system holding `path` (`statvfs`).
+fn fs_space(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path; statvfs only writes into `st`, a
+    // plain C struct for which all-zero bytes are a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
 }
 
 /// The fingerprint and hash in a block file's header, or `None` when it cannot be
@@ -1003,7 +1166,7 @@ mod tests {
             let mut s = open(dir.path(), 7, 1 << 20);
             for i in 1..=3 {
                 let (h, t, kv) = block(i);
-                s.put(&h, &t, &kv);
+                s.put(&h, None, &t, &kv);
             }
             assert_eq!(s.len(), 3);
             assert_eq!(s.bytes(), 3 * entry_bytes());
@@ -1045,7 +1208,7 @@ mod tests {
         for i in 0..2000u32 {
             let mut h = [0u8; 32];
             h[..4].copy_from_slice(&i.to_le_bytes());
-            s.put(&BlockHash(h), &[i; 4], &[i as u8; BB]);
+            s.put(&BlockHash(h), None, &[i; 4], &[i as u8; BB]);
             assert!(s.bytes() <= max);
         }
         s.flush().expect("flush");
@@ -1068,8 +1231,8 @@ mod tests {
         let (h2, t2, kv2) = block(2);
         {
             let mut s = open(&path, 7, 1 << 20);
-            s.put(&h1, &t1, &kv1);
-            s.put(&h2, &t2, &kv2);
+            s.put(&h1, None, &t1, &kv1);
+            s.put(&h2, None, &t2, &kv2);
             s.flush().expect("flush");
         }
         // Overwrite every file sled wrote with garbage.
@@ -1110,8 +1273,8 @@ mod tests {
         let blocks;
         {
             let mut s = open(dir.path(), 7, 1 << 20);
-            s.put(&h1, &t1, &kv1);
-            s.put(&h2, &t2, &kv2);
+            s.put(&h1, None, &t1, &kv1);
+            s.put(&h2, None, &t2, &kv2);
             blocks = s.blocks.clone();
             std::fs::remove_file(file_of(&s, &h2)).expect("rm");
             s.flush().expect("flush");
@@ -1136,7 +1299,7 @@ mod tests {
         let mut s = open(dir.path(), 7, 1 << 20);
         let (h, t, kv) = block(1);
         let dropped = |s: &DiskStore| s.counters.dropped_corrupt.load(Ordering::Relaxed);
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         let f = file_of(&s, &h);
         let mut v = std::fs::read(&f).expect("read");
         v[120] ^= 0x40; // a flipped bit in the K/V payload
@@ -1145,25 +1308,25 @@ mod tests {
         assert!(!s.contains(&h) && !f.exists(), "deleted");
         assert_eq!(dropped(&s), 1);
         // A truncated file likewise.
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         std::fs::write(&f, &v[..v.len() / 2]).expect("write");
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
         assert_eq!(dropped(&s), 2);
         // A file deleted behind the store's back.
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         std::fs::remove_file(&f).expect("rm");
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
         assert!(!s.contains(&h));
         assert_eq!(dropped(&s), 3);
         // A file that cannot be read (here: a directory in its place).
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         std::fs::remove_file(&f).expect("rm");
         std::fs::create_dir(&f).expect("mkdir");
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
         assert!(!s.contains(&h) && !f.exists(), "removed");
         assert_eq!(dropped(&s), 4);
         // Recomputed and stored again: served.
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         assert_eq!(s.get_run(&[h], &[t]), vec![kv]);
         assert_eq!(dropped(&s), 4);
     }
@@ -1176,14 +1339,76 @@ mod tests {
         // tmp/ replaced by a file: every write fails (as on a full disk).
         std::fs::remove_dir(&s.tmp).expect("rm");
         std::fs::write(&s.tmp, b"").expect("write");
-        s.put(&h1, &t1, &kv1);
-        s.put(&BlockHash([2; 32]), &t1, &kv1);
+        s.put(&h1, None, &t1, &kv1);
+        s.put(&BlockHash([2; 32]), None, &t1, &kv1);
         assert!(s.is_empty());
         assert_eq!(s.counters.dropped_writes.load(Ordering::Relaxed), 2);
         std::fs::remove_file(&s.tmp).expect("rm");
         std::fs::create_dir(&s.tmp).expect("mkdir");
-        s.put(&h1, &t1, &kv1);
+        s.put(&h1, None, &t1, &kv1);
         assert_eq!(s.get_run(&[h1], &[t1]), vec![kv1]);
+    }
+
+    #[test]
+    fn eviction_takes_a_chains_tail_before_its_head() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = open(dir.path(), 7, 3 * entry_bytes());
+        let (a, ta, kva) = block(1);
+        let (b, tb, kvb) = block(2);
+        let (c, tc, kvc) = block(3);
+        s.put(&a, None, &ta, &kva);
+        s.put(&b, Some(&a), &tb, &kvb);
+        s.put(&c, Some(&b), &tc, &kvc);
+        // The chain's head is the least recently used block, but evicting it would
+        // strand b and c: the leaf c goes, then b.
+        let (d, td, kvd) = block(4);
+        s.put(&d, None, &td, &kvd);
+        assert!(!s.contains(&c) && s.contains(&a) && s.contains(&b));
+        assert_eq!(
+            s.get_run(&[a, b, c], &[ta.clone(), tb.clone(), tc.clone()])
+                .len(),
+            2
+        );
+        // a and b were just used: d is now the least recently used.
+        let (e, te, kve) = block(5);
+        s.put(&e, None, &te, &kve);
+        assert!(!s.contains(&d));
+        drop(s);
+        // The chain survives a reopen (parents are in the records).
+        let mut s = open(dir.path(), 7, 2 * entry_bytes());
+        assert!(s.contains(&a) && !s.contains(&b) && s.contains(&e));
+        assert_eq!(s.get_run(&[a], &[ta]).len(), 1);
+    }
+
+    #[test]
+    fn missing_directories_are_recreated_and_short_files_removed_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = open(dir.path(), 7, 1 << 20);
+        let (h1, t1, kv1) = block(1);
+        std::fs::remove_dir_all(&s.tmp).expect("rm tmp");
+        std::fs::remove_dir_all(&s.blocks).expect("rm blocks");
+        s.put(&h1, None, &t1, &kv1);
+        assert_eq!(s.get_run(&[h1], &[t1]), vec![kv1]);
+        assert_eq!(s.counters.dropped_writes.load(Ordering::Relaxed), 0);
+        let empty = block_path(&s.blocks, &BlockHash([2; 32]));
+        std::fs::create_dir_all(empty.parent().expect("dir")).expect("mkdir");
+        std::fs::write(&empty, b"").expect("write");
+        drop(s);
+        let s = open(dir.path(), 7, 1 << 20);
+        assert_eq!(s.len(), 1);
+        assert!(!empty.exists(), "an empty block file is not adopted");
+    }
+
+    #[test]
+    fn a_budget_beyond_the_free_space_is_lowered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path(), 7, 1 << 50);
+        let (avail, _) = fs_space(dir.path()).expect("statvfs");
+        assert!(
+            s.max_bytes < 1 << 50 && s.max_bytes <= avail,
+            "{}",
+            s.max_bytes
+        );
     }
 
     #[test]
@@ -1193,14 +1418,14 @@ mod tests {
         let mut s = open(dir.path(), 7, 3 * one);
         for i in 1..=3 {
             let (h, t, kv) = block(i);
-            s.put(&h, &t, &kv);
+            s.put(&h, None, &t, &kv);
         }
         assert_eq!(s.bytes(), 3 * one);
         // Use block 1, so block 2 is now the least recently used.
         let (h1, t1, _) = block(1);
         assert_eq!(s.get_run(&[h1], &[t1]).len(), 1);
         let (h4, t4, kv4) = block(4);
-        s.put(&h4, &t4, &kv4);
+        s.put(&h4, None, &t4, &kv4);
         assert_eq!(s.len(), 3);
         assert!(s.contains(&h1) && s.contains(&BlockHash([3; 32])) && s.contains(&h4));
         assert!(!s.contains(&BlockHash([2; 32])));
@@ -1220,18 +1445,18 @@ mod tests {
         let (h, t, kv) = block(1);
         {
             let mut s = open(dir.path(), 7, 1 << 20);
-            s.put(&h, &t, &kv);
+            s.put(&h, None, &t, &kv);
         }
         let one = entry_bytes();
         let mut s = open(dir.path(), 8, 2 * one);
         // Same hash, other model: rejected by the entry's fingerprint and deleted.
         assert!(s.get_run(&[h], std::slice::from_ref(&t)).is_empty());
         assert!(!s.contains(&h));
-        s.put(&BlockHash([5; 32]), &t, &kv);
+        s.put(&BlockHash([5; 32]), None, &t, &kv);
         drop(s);
         let mut s7 = open(dir.path(), 7, 1 << 20);
         let (h2, t2, kv2) = block(2);
-        s7.put(&h2, &t2, &kv2);
+        s7.put(&h2, None, &t2, &kv2);
         drop(s7);
         // Model 8 again with room for 1: model 7's block goes first although newer.
         let s8 = open(dir.path(), 8, one);
@@ -1272,7 +1497,7 @@ mod tests {
         assert!(s.is_empty());
         assert!(!old.path().join("conf").exists() && !old.path().join("blobs").exists());
         let (h, t, kv) = block(1);
-        s.put(&h, &t, &kv);
+        s.put(&h, None, &t, &kv);
         assert_eq!(s.get_run(&[h], &[t]), vec![kv]);
 
         // A marker of another layout.

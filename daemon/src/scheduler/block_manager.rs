@@ -211,13 +211,16 @@ impl BlockManager {
     }
 
     /// Releases every block of `seq`; blocks no other sequence holds become free
-    /// (cached ones evictable). Returns how many blocks became free.
+    /// (cached ones evictable). Returns how many blocks became free. Blocks are
+    /// released last first, so the LRU evicts a prefix's tail before its head: a
+    /// lookup matches from the first block, and a chain cut at its head would strand
+    /// every block after it (vLLM's free order).
     pub fn free(&mut self, seq: SeqId) -> usize {
         let Some(table) = self.tables.remove(&seq) else {
             return 0;
         };
         let mut freed = 0;
-        for b in table {
+        for b in table.into_iter().rev() {
             let rc = &mut self.ref_counts[b as usize];
             *rc = rc.saturating_sub(1);
             if *rc == 0 {

@@ -545,6 +545,7 @@ impl Scheduler {
                 Some(PersistBlock {
                     block: *table.get(b)?,
                     hash: hashes[b],
+                    parent: b.checked_sub(1).map(|p| hashes[p]),
                     tokens: s.block_tokens(b, bs),
                 })
             })

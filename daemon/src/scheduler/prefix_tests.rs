@@ -1,6 +1,6 @@
 //! Prefix caching in the scheduler, driven without actix or a model: memory hits share
 //! blocks and skip their positions, at least one token is always computed, the salt
-//! and `cache: false` isolate, LRU eviction breaks the chain where it should, disk hits
+//! and `cache: false` isolate, LRU eviction takes a prefix's tail first, disk hits
 //! become block loads, and completed blocks are handed to the disk tier once.
 
 use std::sync::Arc;
@@ -137,22 +137,23 @@ fn memory_hits_share_blocks_and_skip_positions() {
 }
 
 #[test]
-fn lru_eviction_breaks_the_chain_at_the_first_evicted_block() {
+fn lru_eviction_takes_a_prefix_tail_first_so_its_head_stays_usable() {
     let mut s = sched(6);
     let (r1, _k1) = request(1, prompt(9), CacheOptions::default());
     let t1 = admit(&mut s, r1).2;
     s.remove_running(SeqId(1)); // blocks t1[0], t1[1] cached; t1[2] free
-                                // 20 other tokens need 5 blocks: 4 never-hashed ones, then the least recently
-                                // released cached block, t1[0].
+                                // 20 other tokens need 5 blocks: 4 never-hashed ones, then one cached block: the
+                                // tail t1[1] (released before the head), not t1[0].
     let other: Vec<u32> = (500..520).collect();
     let (r2, _k2) = request(2, other, CacheOptions::default());
     let t2 = admit(&mut s, r2).2;
-    assert!(t2.contains(&t1[0]) && !t2.contains(&t1[1]));
+    assert!(t2.contains(&t1[1]) && !t2.contains(&t1[0]));
     s.remove_running(SeqId(2));
-    // Block 1 is still cached but its parent is gone: no hit.
+    // The head is still cached and reachable: a one-block hit.
     let (r3, _k3) = request(3, prompt(9), CacheOptions::default());
-    let (start, _, _, _, cached) = admit(&mut s, r3);
-    assert_eq!((start, cached), (0, 0));
+    let (start, _, t3, _, cached) = admit(&mut s, r3);
+    assert_eq!((start, cached), (4, 4));
+    assert_eq!(t3[0], t1[0]);
 }
 
 #[test]
