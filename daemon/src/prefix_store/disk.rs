@@ -72,6 +72,9 @@ pub struct DiskCounters {
     /// Blocks not written: the write queue was over its byte bound, or writing the
     /// file failed (e.g. a full disk).
     pub dropped_writes: AtomicU64,
+    /// Blocks not written because their chain's earlier blocks are not stored (or
+    /// would have to be evicted to make room): a lookup could never reach them.
+    pub unreachable_writes: AtomicU64,
     /// Bytes of K/V handed to the store and not yet written.
     pub queued_bytes: AtomicU64,
     /// Hashes of the stored blocks, so the scheduler can tell without a round trip to
@@ -419,6 +422,18 @@ fn open_index(dir: &Path, lock_wait: Duration) -> Result<(sled::Db, Vec<Record>)
         .path(dir)
         .cache_capacity(8 << 20)
         .flush_every_ms(Some(500));
+    // A snapshot sled was generating when it failed (a full disk) or was killed is
+    // left as `snap.*.generating`; sled would read it as the newest snapshot and call
+    // the index corrupt. It is never needed: remove it.
+    if let Ok(files) = std::fs::read_dir(dir) {
+        for f in files.flatten() {
+            let name = f.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("snap.") && name.ends_with(".generating") {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
     let deadline = Instant::now() + lock_wait;
     loop {
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -961,8 +976,8 @@ impl DiskStore {
 
     /// Stores one block (a no-op apart from the LRU when it is already stored), the
     /// child of `parent` in its chain (`None` for a prompt's first block): evicts until
-    /// the new file fits the budget, writes it to `tmp/`, renames it into `blocks/`,
-    /// then records it. A full file system lowers the budget for the run (to 7/8 of the
+    /// the new file fits the budget ([`Self::make_room`]: not when the block would be
+    /// unreachable), writes it to `tmp/`, renames it into `blocks/`, then records it. A full file system lowers the budget for the run (to 7/8 of the
     /// bytes stored), evicts and retries once. A failure drops the block, counts it in
     /// `dropped_writes` and is logged at most once a minute.
     pub fn put(&mut self, hash: &BlockHash, parent: Option<&BlockHash>, tokens: &[u32], kv: &[u8]) {
@@ -989,7 +1004,9 @@ impl DiskStore {
             self.write_failed("storing a block", &file, &reason);
             return;
         }
-        self.evict_to(self.max_bytes - size);
+        if !self.make_room(size, parent) {
+            return;
+        }
         let mut written = self.write_entry(hash, &file, &value);
         if let Err(e) = &written {
             if e.raw_os_error() == Some(libc::ENOSPC) && self.bytes > 0 {
@@ -1001,7 +1018,9 @@ impl DiskStore {
                      this run"
                 );
                 self.max_bytes = self.max_bytes.min(lowered);
-                self.evict_to(self.max_bytes.saturating_sub(size));
+                if !self.make_room(size, parent) {
+                    return;
+                }
                 written = self.write_entry(hash, &file, &value);
             }
         }
@@ -1035,6 +1054,34 @@ impl DiskStore {
         self.index_insert(*hash);
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
         self.publish();
+    }
+
+    /// Evicts until `size` more bytes fit the budget, for a block that follows `parent`.
+    /// Returns `false`, storing nothing, when the block would be unreachable: its
+    /// parent is not stored (evicted: a lookup could never get past it), or making
+    /// room would evict the parent itself (the budget holds no more of this chain; the
+    /// chain's first blocks are worth more than its tail).
+    fn make_room(&mut self, size: u64, parent: Option<&BlockHash>) -> bool {
+        if parent.is_some_and(|p| !self.entries.contains_key(p)) {
+            self.counters
+                .unreachable_writes
+                .fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        while self.bytes + size > self.max_bytes {
+            let Some(victim) = self.eviction_victim() else {
+                break;
+            };
+            if Some(&victim) == parent {
+                self.counters
+                    .unreachable_writes
+                    .fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            self.remove(&victim);
+            self.counters.evicted_blocks.fetch_add(1, Ordering::Relaxed);
+        }
+        self.bytes + size <= self.max_bytes
     }
 
     /// Writes `value` to `tmp/<hash>` and renames it to `file`, creating either
@@ -1378,6 +1425,32 @@ mod tests {
         let mut s = open(dir.path(), 7, 2 * entry_bytes());
         assert!(s.contains(&a) && !s.contains(&b) && s.contains(&e));
         assert_eq!(s.get_run(&[a], &[ta]).len(), 1);
+    }
+
+    #[test]
+    fn a_chain_longer_than_the_budget_keeps_its_first_blocks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = open(dir.path(), 7, 3 * entry_bytes());
+        let chain: Vec<_> = (1..=6).map(block).collect();
+        for (i, (h, t, kv)) in chain.iter().enumerate() {
+            let parent = i.checked_sub(1).map(|p| &chain[p].0);
+            s.put(h, parent, t, kv);
+        }
+        let hashes: Vec<_> = chain.iter().map(|c| c.0).collect();
+        let tokens: Vec<_> = chain.iter().map(|c| c.1.clone()).collect();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.get_run(&hashes, &tokens).len(), 3, "blocks 1-3 are kept");
+        assert_eq!(s.counters.unreachable_writes.load(Ordering::Relaxed), 3);
+        // A block whose parent is not stored is not written either.
+        let (h, t, kv) = block(9);
+        s.put(&h, Some(&BlockHash([8; 32])), &t, &kv);
+        assert!(!s.contains(&h));
+        // A new chain takes the room of the least recently used chain, tail first.
+        let other: Vec<_> = (20..=21).map(block).collect();
+        s.put(&other[0].0, None, &other[0].1, &other[0].2);
+        s.put(&other[1].0, Some(&other[0].0), &other[1].1, &other[1].2);
+        assert!(s.contains(&hashes[0]) && !s.contains(&hashes[1]));
+        assert_eq!(s.get_run(&hashes, &tokens).len(), 1);
     }
 
     #[test]

@@ -97,8 +97,11 @@ pub struct PrefixCacheStats {
     pub disk_evicted_blocks: u64,
     /// Disk entries that failed verification (corrupt, truncated), deleted.
     pub disk_dropped_corrupt: u64,
-    /// Blocks not written because the write queue was full.
+    /// Blocks not written because the write queue was full or writing failed.
     pub disk_dropped_writes: u64,
+    /// Blocks not written because the earlier blocks of their chain are not stored (or
+    /// would have had to be evicted to make room): no lookup could reach them.
+    pub disk_unreachable_writes: u64,
 }
 
 /// Engine counters, for the `stats` message and the log.
@@ -237,6 +240,7 @@ impl Scheduler {
             p.disk_evicted_blocks = get(&d.evicted_blocks);
             p.disk_dropped_corrupt = get(&d.dropped_corrupt);
             p.disk_dropped_writes = get(&d.dropped_writes);
+            p.disk_unreachable_writes = get(&d.unreachable_writes);
         }
         p
     }
