@@ -83,6 +83,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     let threads = set_compute_threads(settings.model.threads);
     let device = select_device(&settings.model.device).map_err(anyhow::Error::msg)?;
     tracing::info!(path = %settings.model.path.display(), ?device, threads, "loading model");
+    crate::service::status(&format!("loading model {}", settings.model.path.display()));
     let t0 = std::time::Instant::now();
     let loaded = load_gguf(
         &settings.model.path,
@@ -167,6 +168,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     );
     let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
+    crate::service::status("opening the prefix store");
     let prefix = open_prefix_store(&settings, &cfg, &pool, loaded.model.device())?;
     let mut model_runner = ModelRunner::new(loaded.model, pool);
     let mut disk_store = None;
@@ -181,6 +183,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         disk_store = disk;
     }
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
+    crate::service::status("loading plugins");
     let plugins = Arc::new(load_plugins(&settings, &tokenizer)?);
     let system = actix::System::new();
     let result = system.block_on(async move {
@@ -264,6 +267,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         tracing::info!(addr = %local, "listening on ws://{local}/v1/ws");
         // A machine-readable line on stdout for scripts and tests.
         println!("inferd: listening on ws://{local}/v1/ws");
+        crate::service::ready(&format!("serving on {local}"));
         let engine = Engine {
             tokenizer: tokenizer_addr,
             utility_tokenizer,
@@ -275,6 +279,7 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         };
         serve(listener, engine, crate::shutdown::signal()).await;
         tracing::info!("shutting down");
+        crate::service::stopping();
         engine_arbiter.stop();
         if let Some(store) = store_addr {
             // Queued writes are handled first (the mailbox is FIFO), then sled flushes.

@@ -16,6 +16,7 @@ pub mod request;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tokenizer;

@@ -54,6 +54,8 @@ pub struct SchedulerActor {
     /// Bytes the disk lookups in flight may return (blocks asked × block bytes).
     lookup_bytes_in_flight: usize,
     step_in_flight: bool,
+    /// When the running step was sent to the model runner.
+    step_since: Option<Instant>,
     last_stats_log: Instant,
 }
 
@@ -72,6 +74,7 @@ impl SchedulerActor {
             store: None,
             lookup_bytes_in_flight: 0,
             step_in_flight: false,
+            step_since: None,
             last_stats_log: Instant::now(),
         }
     }
@@ -237,12 +240,14 @@ impl SchedulerActor {
             return;
         }
         self.step_in_flight = true;
+        self.step_since = Some(Instant::now());
         let fut = self
             .runner
             .send(batch)
             .into_actor(self)
             .map(|res, act, ctx| {
                 act.step_in_flight = false;
+                act.step_since = None;
                 match res {
                     Ok(out) => act.on_step(out),
                     Err(e) => act.fail_all(InferError::internal(format!(
@@ -316,6 +321,28 @@ impl SchedulerActor {
 
 impl Actor for SchedulerActor {
     type Context = Context<Self>;
+
+    /// Under a systemd watchdog, pings it every half timeout from this loop while the
+    /// engine makes progress: no step is running, or the running one began less than
+    /// a whole timeout ago. A hung model runner (or a hung loop) stops the pings, and
+    /// systemd restarts the service.
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(every) = crate::service::watchdog_interval() {
+            tracing::info!(
+                interval_ms = every.as_millis() as u64,
+                "systemd watchdog: pinging from the engine loop"
+            );
+            ctx.run_interval(every, move |act, _| {
+                match act.step_since.map(|t| t.elapsed()) {
+                    Some(running) if running >= 2 * every => tracing::error!(
+                        step_running_s = running.as_secs_f64(),
+                        "engine step is not finishing: watchdog pings withheld"
+                    ),
+                    _ => crate::service::watchdog_ping(),
+                }
+            });
+        }
+    }
 }
 
 impl Handler<Submit> for SchedulerActor {
