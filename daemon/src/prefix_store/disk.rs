@@ -589,14 +589,18 @@ impl DiskStore {
         };
         prepare_dir(path)?;
         let index_dir = path.join("index");
+        let fatal = |f: IndexFailure| match f {
+            IndexFailure::Locked => StoreError::Locked {
+                path: path.to_path_buf(),
+            },
+            IndexFailure::Io(e) => io(&index_dir, e),
+            IndexFailure::Broken(reason) => StoreError::Index {
+                path: index_dir.clone(),
+                reason,
+            },
+        };
         let (db, records) = match open_index(&index_dir, lock_wait) {
             Ok(x) => x,
-            Err(IndexFailure::Locked) => {
-                return Err(StoreError::Locked {
-                    path: path.to_path_buf(),
-                })
-            }
-            Err(IndexFailure::Io(e)) => return Err(io(&index_dir, e)),
             Err(IndexFailure::Broken(reason)) => {
                 let aside = path.join("index.broken");
                 tracing::error!(
@@ -608,22 +612,9 @@ impl DiskStore {
                 );
                 remove_any(&aside).map_err(|e| io(&aside, e))?;
                 std::fs::rename(&index_dir, &aside).map_err(|e| io(&index_dir, e))?;
-                match open_index(&index_dir, lock_wait) {
-                    Ok(x) => x,
-                    Err(IndexFailure::Locked) => {
-                        return Err(StoreError::Locked {
-                            path: path.to_path_buf(),
-                        })
-                    }
-                    Err(IndexFailure::Io(e)) => return Err(io(&index_dir, e)),
-                    Err(IndexFailure::Broken(reason)) => {
-                        return Err(StoreError::Index {
-                            path: index_dir,
-                            reason,
-                        })
-                    }
-                }
+                open_index(&index_dir, lock_wait).map_err(fatal)?
             }
+            Err(f) => return Err(fatal(f)),
         };
         let blocks = path.join("blocks");
         let tmp = path.join("tmp");
