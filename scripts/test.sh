@@ -8,6 +8,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-model.sh
+# tests/tests/systemd_unit.rs runs `systemd-analyze verify` on configs/inferd.service.
+if ! command -v systemd-analyze >/dev/null; then
+    if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq systemd; else
+        sudo apt-get update -qq && sudo apt-get install -y -qq systemd; fi
+fi
 scripts/build-plugins.sh
 cargo fmt --all -- --check
 cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
