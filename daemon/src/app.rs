@@ -1,13 +1,15 @@
 //! Start-up: load the model and tokenizer, start the actors, serve until shutdown.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
 
 use actix::{Actor, Arbiter, SyncArbiter};
 use anyhow::Context as _;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::Settings;
+use crate::config::{CliOverrides, ConfigError, Settings};
 use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
 use crate::prefix_store::{
@@ -18,7 +20,7 @@ use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::PrefixCaching;
 use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
-use crate::server::{serve, Engine};
+use crate::server::{serve, Engine, SharedPlugins, State};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
 /// Sets the CPU thread count of the model math: our kernels' thread team
@@ -75,14 +77,44 @@ fn mem_total_bytes(meminfo: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// Loads everything and serves until SIGINT/SIGTERM.
-///
-/// # Errors
-/// Model or tokenizer refused, bad device, listen address unavailable.
-pub fn run(settings: Settings) -> anyhow::Result<()> {
-    let threads = set_compute_threads(settings.model.threads);
-    let device = select_device(&settings.model.device).map_err(anyhow::Error::msg)?;
-    tracing::info!(path = %settings.model.path.display(), ?device, threads, "loading model");
+/// Where the settings came from, so SIGHUP can read them again (same file, same
+/// environment, same command-line flags).
+#[derive(Debug, Clone, Default)]
+pub struct SettingsSource {
+    /// `--config FILE`.
+    pub file: Option<PathBuf>,
+    /// The command-line flags.
+    pub cli: CliOverrides,
+}
+
+impl SettingsSource {
+    /// Reads the layered settings.
+    ///
+    /// # Errors
+    /// As [`Settings::load`].
+    pub fn load(&self) -> Result<Settings, ConfigError> {
+        Settings::load(self.file.as_deref(), &self.cli)
+    }
+}
+
+/// Everything built on the loading thread, before the actors start.
+struct Loaded {
+    model_runner: ModelRunner,
+    tokenizer: Arc<TextTokenizer>,
+    vocab: Arc<PluginVocab>,
+    plugins: PluginRegistry,
+    disk_store: Option<DiskTier>,
+    prefix_caching: Option<PrefixCaching>,
+    context_length: usize,
+    num_blocks: usize,
+    block_size: usize,
+    model_id: String,
+}
+
+/// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
+/// reading and compute; runs on a thread of its own while the listener answers probes).
+fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Loaded> {
+    tracing::info!(path = %settings.model.path.display(), ?device, "loading model");
     crate::service::status(&format!("loading model {}", settings.model.path.display()));
     let t0 = std::time::Instant::now();
     let loaded = load_gguf(
@@ -131,13 +163,6 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         load_ms = t0.elapsed().as_millis() as u64,
         "model loaded"
     );
-    let addr: SocketAddr = settings
-        .server
-        .listen
-        .parse()
-        .with_context(|| format!("server.listen = \"{}\"", settings.server.listen))?;
-
-    let cfg = loaded.model.config().clone();
     let bytes_per_token = cfg.kv_bytes_per_token(KV_ELEMENT_BYTES);
     let block_size = settings.scheduler.block_size;
     let num_blocks =
@@ -169,8 +194,8 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
     let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
     crate::service::status("opening the prefix store");
-    let prefix = open_prefix_store(&settings, &cfg, &pool, loaded.model.device())?;
-    let mut model_runner = ModelRunner::new(loaded.model, pool);
+    let prefix = open_prefix_store(settings, &cfg, &pool, loaded.model.device())?;
+    let model_runner = ModelRunner::new(loaded.model, pool);
     let mut disk_store = None;
     let mut prefix_caching = None;
     if let Some((fingerprint, disk)) = prefix {
@@ -182,93 +207,131 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
         });
         disk_store = disk;
     }
-    let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     crate::service::status("loading plugins");
-    let plugins = Arc::new(load_plugins(&settings, &tokenizer)?);
-    let system = actix::System::new();
-    let result = system.block_on(async move {
-        let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
-        let store_addr = disk_store.map(|(store, counters)| {
-            let slot = Arc::new(Mutex::new(Some(store)));
-            let counters2 = counters.clone();
-            SyncArbiter::start(1, move || {
-                let taken = slot.lock().ok().and_then(|mut g| g.take());
-                PrefixStoreActor::new(
-                    taken.expect("prefix store factory called more than once"),
-                    counters2.clone(),
-                )
-            })
-        });
-        if let (Some(addr), Some(counters)) = (&store_addr, runner_persist) {
-            model_runner = model_runner.with_persist(PersistSink {
-                recipient: addr.clone().recipient(),
-                counters,
-                max_queued_bytes: settings.prefix_store.max_queued_bytes,
-            });
-        }
-        let runner = Arc::new(Mutex::new(Some(model_runner)));
-        let runner_addr = SyncArbiter::start(1, move || {
-            let taken = runner.lock().ok().and_then(|mut g| g.take());
-            // SyncArbiter calls the factory once per thread and we start exactly one.
-            ModelRunnerActor::new(taken.expect("model runner factory called more than once"))
-        });
-        let limits = SchedulerLimits {
-            max_running: settings.scheduler.max_running,
-            max_waiting: settings.scheduler.max_waiting,
-            context_length,
-            max_batch_tokens: settings.scheduler.max_batch_tokens,
-            attention_cost_tokens: settings.scheduler.attention_cost_tokens,
-        };
-        let engine_arbiter = Arbiter::new();
-        let tok_for_sched = tokenizer.clone();
-        let store_for_sched = match (store_reader, &store_addr) {
-            (Some(reader), Some(writer)) => {
-                let writer = writer.clone();
-                Some(SyncArbiter::start(1, move || {
-                    PrefixReadActor::new(reader.clone(), writer.clone())
-                }))
-            }
-            _ => None,
-        };
-        let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
-            let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
-            if let Some(p) = prefix_caching {
-                policy = policy.with_prefix_caching(p);
-            }
-            let actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
-            match store_for_sched {
-                Some(store) => actor.with_store(store),
-                None => actor,
-            }
-        });
-        let tok = tokenizer.clone();
-        let sched_for_tok = scheduler.clone();
-        let sched_for_util = scheduler.clone();
-        let (plugins_for_setup, sched_for_setup) = (plugins.clone(), scheduler.clone());
-        let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
-            PluginSetupActor::new(plugins_for_setup.clone(), sched_for_setup.clone())
-        });
-        let setup_for_tok = plugin_setup.clone();
-        let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-            TokenizerActor::new(tok.clone(), sched_for_tok.clone(), setup_for_tok.clone())
-        });
-        let tok_util = tokenizer.clone();
-        let utility_tokenizer = SyncArbiter::start(1, move || {
-            TokenizerActor::new(
-                tok_util.clone(),
-                sched_for_util.clone(),
-                plugin_setup.clone(),
+    let vocab = Arc::new(PluginVocab::from_tokenizer(&tokenizer));
+    let plugins = load_plugins(settings, vocab.clone())?;
+    let model_id = settings
+        .model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
+        .unwrap_or_else(|| "model".into());
+    Ok(Loaded {
+        model_runner,
+        tokenizer,
+        vocab,
+        plugins,
+        disk_store,
+        prefix_caching,
+        context_length,
+        num_blocks,
+        block_size,
+        model_id,
+    })
+}
+
+/// The running pipeline, as far as shutdown and reload need it.
+struct Running {
+    engine: Engine,
+    engine_arbiter: Arbiter,
+    store: Option<actix::Addr<PrefixStoreActor>>,
+    vocab: Arc<PluginVocab>,
+}
+
+/// Starts the actors (inside the actix system) on what [`load`] built.
+fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
+    let Loaded {
+        mut model_runner,
+        tokenizer,
+        vocab,
+        plugins,
+        disk_store,
+        prefix_caching,
+        context_length,
+        num_blocks,
+        block_size,
+        model_id,
+    } = loaded;
+    let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
+    let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
+    let store_addr = disk_store.map(|(store, counters)| {
+        let slot = Arc::new(Mutex::new(Some(store)));
+        let counters2 = counters.clone();
+        SyncArbiter::start(1, move || {
+            let taken = slot.lock().ok().and_then(|mut g| g.take());
+            PrefixStoreActor::new(
+                taken.expect("prefix store factory called more than once"),
+                counters2.clone(),
             )
+        })
+    });
+    if let (Some(addr), Some(counters)) = (&store_addr, runner_persist) {
+        model_runner = model_runner.with_persist(PersistSink {
+            recipient: addr.clone().recipient(),
+            counters,
+            max_queued_bytes: settings.prefix_store.max_queued_bytes,
         });
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} (server.listen)"))?;
-        let local = listener.local_addr()?;
-        tracing::info!(addr = %local, "listening on ws://{local}/v1/ws");
-        // A machine-readable line on stdout for scripts and tests.
-        println!("inferd: listening on ws://{local}/v1/ws");
-        crate::service::ready(&format!("serving on {local}"));
-        let engine = Engine {
+    }
+    let runner = Arc::new(Mutex::new(Some(model_runner)));
+    let runner_addr = SyncArbiter::start(1, move || {
+        let taken = runner.lock().ok().and_then(|mut g| g.take());
+        // SyncArbiter calls the factory once per thread and we start exactly one.
+        ModelRunnerActor::new(taken.expect("model runner factory called more than once"))
+    });
+    let limits = SchedulerLimits {
+        max_running: settings.scheduler.max_running,
+        max_waiting: settings.scheduler.max_waiting,
+        context_length,
+        max_batch_tokens: settings.scheduler.max_batch_tokens,
+        attention_cost_tokens: settings.scheduler.attention_cost_tokens,
+    };
+    let engine_arbiter = Arbiter::new();
+    let tok_for_sched = tokenizer.clone();
+    let store_for_sched = match (store_reader, &store_addr) {
+        (Some(reader), Some(writer)) => {
+            let writer = writer.clone();
+            Some(SyncArbiter::start(1, move || {
+                PrefixReadActor::new(reader.clone(), writer.clone())
+            }))
+        }
+        _ => None,
+    };
+    let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
+        let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
+        if let Some(p) = prefix_caching {
+            policy = policy.with_prefix_caching(p);
+        }
+        let actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
+        match store_for_sched {
+            Some(store) => actor.with_store(store),
+            None => actor,
+        }
+    });
+    let plugins: SharedPlugins = Arc::new(RwLock::new(Arc::new(plugins)));
+    let tok = tokenizer.clone();
+    let sched_for_tok = scheduler.clone();
+    let sched_for_util = scheduler.clone();
+    let (plugins_for_setup, sched_for_setup) = (plugins.clone(), scheduler.clone());
+    let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
+        PluginSetupActor::new(plugins_for_setup.clone(), sched_for_setup.clone())
+    });
+    let setup_for_tok = plugin_setup.clone();
+    let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
+        TokenizerActor::new(tok.clone(), sched_for_tok.clone(), setup_for_tok.clone())
+    });
+    let tok_util = tokenizer.clone();
+    let utility_tokenizer = SyncArbiter::start(1, move || {
+        TokenizerActor::new(
+            tok_util.clone(),
+            sched_for_util.clone(),
+            plugin_setup.clone(),
+        )
+    });
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Running {
+        engine: Engine {
             tokenizer: tokenizer_addr,
             utility_tokenizer,
             scheduler,
@@ -276,20 +339,194 @@ pub fn run(settings: Settings) -> anyhow::Result<()> {
             vocab_size: tokenizer.vocab_size(),
             max_message_bytes: settings.server.max_message_bytes,
             plugins,
+            model_id,
+            created,
+        },
+        engine_arbiter,
+        store: store_addr,
+        vocab,
+    }
+}
+
+/// Binds the listener, loads everything while `/health` and `/ready` answer, serves
+/// until SIGINT/SIGTERM (SIGHUP reloads the settings, see [`reload`]), then drains
+/// (see [`State::drain`]) and flushes the prefix store.
+///
+/// # Errors
+/// Model or tokenizer refused, bad device, listen address unavailable.
+pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
+    let threads = set_compute_threads(settings.model.threads);
+    let device = select_device(&settings.model.device).map_err(anyhow::Error::msg)?;
+    tracing::info!(threads, "compute threads");
+    let addr: SocketAddr = settings
+        .server
+        .listen
+        .parse()
+        .with_context(|| format!("server.listen = \"{}\"", settings.server.listen))?;
+    let system = actix::System::new();
+    system.block_on(async move {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (server.listen)"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(addr = %local, "listening (GET /ready answers 503 until the model is loaded)");
+        // Machine-readable, like the "listening on" line once the model is loaded.
+        println!("inferd: bound to {local}, loading");
+        // Signals are ours from here on: SIGTERM during loading exits cleanly.
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let state = State::new(settings.server.api_key.clone());
+        let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = actix_rt::spawn(serve(listener, state.clone(), async move {
+            let _ = stopped.await;
+        }));
+
+        let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel();
+        let for_loader = settings.clone();
+        std::thread::Builder::new()
+            .name("inferd-load".into())
+            .spawn(move || {
+                let _ = loaded_tx.send(load(&for_loader, device));
+            })
+            .context("starting the loading thread")?;
+        tokio::pin!(loaded_rx);
+        let loaded = loop {
+            tokio::select! {
+                r = &mut loaded_rx => break r.context("the loading thread died")??,
+                _ = term.recv() => { tracing::info!("SIGTERM while loading: exiting"); return Ok(()); }
+                _ = int.recv() => { tracing::info!("SIGINT while loading: exiting"); return Ok(()); }
+                _ = hup.recv() => tracing::warn!("SIGHUP while loading: ignored (reload once ready)"),
+            }
         };
-        serve(listener, engine, crate::shutdown::signal()).await;
+        let running = start_actors(loaded, &settings);
+        state.set_engine(running.engine.clone());
+        tracing::info!(addr = %local, "serving on http://{local} (WebSocket ws://{local}/v1/ws)");
+        // A machine-readable line on stdout for scripts and tests: the daemon serves.
+        println!("inferd: listening on ws://{local}/v1/ws");
+        let serving = format!("serving on {local}");
+        crate::service::ready(&serving);
+
+        let mut current = settings;
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => {
+                    crate::service::reloading();
+                    reload(&source, &mut current, &state, &running).await;
+                    crate::service::ready(&serving);
+                }
+            }
+        }
         tracing::info!("shutting down");
         crate::service::stopping();
-        engine_arbiter.stop();
-        if let Some(store) = store_addr {
+        let _ = stop_accepting.send(());
+        let grace = std::time::Duration::from_secs(current.server.shutdown_grace_s);
+        let hurry = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::warn!("second signal: cancelling the running requests now");
+        };
+        state.drain(grace, hurry).await;
+        let _ = server.await;
+        running.engine_arbiter.stop();
+        if let Some(store) = running.store {
             // Queued writes are handled first (the mailbox is FIFO), then sled flushes.
             if let Err(e) = store.send(Flush).await {
                 tracing::error!(error = %e, "prefix store: flush at shutdown failed");
             }
         }
+        tracing::info!("stopped");
         anyhow::Ok(())
-    });
-    result
+    })
+}
+
+/// SIGHUP: reads the settings again and applies what can change while running
+/// (`server.api_key`, `server.max_message_bytes`, `server.shutdown_grace_s`,
+/// `[sampling]`, `[plugins]` with the plugin directory compiled again, `log.level`).
+/// Streams in flight are untouched (a request keeps the plugins it was set up with).
+/// Changes to other settings are logged as needing a restart and not applied. An
+/// invalid file, value or plugin directory rejects the whole reload: the running
+/// configuration stays.
+async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, running: &Running) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    match try_reload(source, current, running).await {
+        Ok((new, plugins)) => {
+            let restart: Vec<&str> = [
+                ("server.listen", current.server.listen != new.server.listen),
+                ("[model]", current.model != new.model),
+                ("[scheduler]", current.scheduler != new.scheduler),
+                ("[tokenizer]", current.tokenizer != new.tokenizer),
+                ("[prefix_store]", current.prefix_store != new.prefix_store),
+            ]
+            .into_iter()
+            .filter_map(|(name, changed)| changed.then_some(name))
+            .collect();
+            if !restart.is_empty() {
+                tracing::warn!(
+                    settings = %restart.join(", "),
+                    "reload: these settings changed but take effect only after a restart"
+                );
+            }
+            let loaded = plugins.list().len();
+            if let Ok(mut p) = running.engine.plugins.write() {
+                *p = Arc::new(plugins);
+            }
+            state.reconfigure(
+                new.server.api_key.clone(),
+                new.sampling.clone(),
+                new.server.max_message_bytes,
+            );
+            if let Ok(false) = crate::telemetry::set_level(&new.log.level) {
+                tracing::info!("reload: RUST_LOG is set and governs the log level");
+            }
+            let mut applied = new;
+            applied.server.listen = current.server.listen.clone();
+            applied.model = current.model.clone();
+            applied.scheduler = current.scheduler.clone();
+            applied.tokenizer = current.tokenizer.clone();
+            applied.prefix_store = current.prefix_store.clone();
+            *current = applied;
+            tracing::info!(plugins = loaded, "reload: configuration applied");
+        }
+        Err(e) => tracing::error!(
+            error = %format!("{e:#}"),
+            "reload rejected; the running configuration stays"
+        ),
+    }
+}
+
+/// The checked new settings and the freshly compiled plugin directory.
+async fn try_reload(
+    source: &SettingsSource,
+    current: &Settings,
+    running: &Running,
+) -> anyhow::Result<(Settings, PluginRegistry)> {
+    let new = source.load()?;
+    new.sampling
+        .check(running.engine.vocab_size)
+        .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
+    crate::telemetry::check_level(&new.log.level)
+        .map_err(|e| anyhow::anyhow!("configuration error: {e}"))?;
+    if new.server.listen != current.server.listen {
+        // The running listener's address is what matters for the API-key rule.
+        let mut check = new.clone();
+        check.server.listen = current.server.listen.clone();
+        check.validate()?;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (for_loader, vocab) = (new.clone(), running.vocab.clone());
+    std::thread::Builder::new()
+        .name("inferd-reload".into())
+        .spawn(move || {
+            let _ = tx.send(load_plugins(&for_loader, vocab));
+        })
+        .context("starting the plugin loading thread")?;
+    let plugins = rx.await.context("the plugin loading thread died")??;
+    Ok((new, plugins))
 }
 
 /// The disk tier with its counters, when `prefix_store.enabled`.
@@ -376,9 +613,8 @@ fn open_prefix_store(
 ///
 /// # Errors
 /// When the Wasm engine cannot start or the directory exists but cannot be read.
-fn load_plugins(settings: &Settings, tokenizer: &TextTokenizer) -> anyhow::Result<PluginRegistry> {
+fn load_plugins(settings: &Settings, vocab: Arc<PluginVocab>) -> anyhow::Result<PluginRegistry> {
     let started = std::time::Instant::now();
-    let vocab = Arc::new(PluginVocab::from_tokenizer(tokenizer));
     let (registry, errors) =
         PluginRegistry::load_dir(&settings.plugins.dir, vocab, settings.plugins.limits())?;
     for e in &errors {

@@ -19,9 +19,21 @@ use crate::model::Q4_1Policy;
 pub struct ServerConfig {
     /// Address to listen on (`host:port`); port 0 picks a free port (logged at start-up).
     pub listen: String,
-    /// Largest accepted WebSocket message, in bytes.
+    /// Largest accepted WebSocket message or HTTP request body, in bytes.
     #[serde(deserialize_with = "whole_number")]
     pub max_message_bytes: usize,
+    /// Bearer token required on `/v1/*` (HTTP `Authorization: Bearer KEY`, also for the
+    /// WebSocket upgrade); `None` = no authentication. `/health`, `/ready` and `/metrics`
+    /// stay open. Reloaded on SIGHUP.
+    pub api_key: Option<String>,
+    /// Allow a non-loopback `listen` address without `api_key` (default `false`: such a
+    /// configuration is refused at start-up).
+    #[serde(deserialize_with = "strict_bool")]
+    pub allow_remote_without_api_key: bool,
+    /// On SIGTERM/SIGINT, seconds running requests may take to finish before the rest are
+    /// cancelled (`finish_reason: "cancelled"`). Bound `[0, 3600]`. Reloaded on SIGHUP.
+    #[serde(deserialize_with = "whole_number")]
+    pub shutdown_grace_s: u64,
 }
 
 impl Default for ServerConfig {
@@ -29,6 +41,9 @@ impl Default for ServerConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             max_message_bytes: 4 << 20,
+            api_key: None,
+            allow_remote_without_api_key: false,
+            shutdown_grace_s: 30,
         }
     }
 }
@@ -503,6 +518,34 @@ impl Settings {
             return bad(format!(
                 "server.listen must be an address like 127.0.0.1:8080 (got \"{}\")",
                 self.server.listen
+            ));
+        }
+        if let Some(key) = &self.server.api_key {
+            if key.is_empty() || key.len() > 1024 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                return bad(format!(
+                    "server.api_key must be 1 to 1024 printable ASCII characters without \
+                     spaces (got {} bytes)",
+                    key.len()
+                ));
+            }
+        }
+        if let Ok(addr) = self.server.listen.parse::<SocketAddr>() {
+            if !addr.ip().is_loopback()
+                && self.server.api_key.is_none()
+                && !self.server.allow_remote_without_api_key
+            {
+                return bad(format!(
+                    "server.listen = \"{}\" is reachable from other machines but \
+                     server.api_key is not set: set an API key, or set \
+                     server.allow_remote_without_api_key = true to serve without one",
+                    self.server.listen
+                ));
+            }
+        }
+        if self.server.shutdown_grace_s > 3600 {
+            return bad(format!(
+                "server.shutdown_grace_s must be in [0, 3600] seconds (got {})",
+                self.server.shutdown_grace_s
             ));
         }
         if self.server.max_message_bytes < 1024 {

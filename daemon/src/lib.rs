@@ -9,6 +9,7 @@ pub mod app;
 pub mod config;
 pub mod detokenizer;
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod model_runner;
 pub mod prefix_store;
@@ -17,7 +18,6 @@ pub mod sampling;
 pub mod scheduler;
 pub mod server;
 pub mod service;
-pub mod shutdown;
 pub mod telemetry;
 pub mod tokenizer;
 

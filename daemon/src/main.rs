@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use inferd::config::{CliOverrides, Settings};
+use inferd::config::CliOverrides;
 
 /// inferd: a local LLM inference daemon streaming tokens over WebSocket.
 #[derive(Debug, Parser)]
@@ -17,7 +17,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Load the model and serve `ws://ADDR/v1/ws` until SIGINT/SIGTERM.
+    /// Load the model and serve HTTP and `ws://ADDR/v1/ws` until SIGINT/SIGTERM
+    /// (SIGHUP reloads the config file and the plugin directory).
     Serve {
         /// TOML config file (layers: defaults < file < INFERD__SECTION__KEY env < flags).
         #[arg(long, value_name = "FILE")]
@@ -39,8 +40,11 @@ fn main() -> ExitCode {
             model,
             listen,
         } => {
-            let settings = match Settings::load(config.as_deref(), &CliOverrides { model, listen })
-            {
+            let source = inferd::app::SettingsSource {
+                file: config,
+                cli: CliOverrides { model, listen },
+            };
+            let settings = match source.load() {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("inferd: {e}");
@@ -51,7 +55,7 @@ fn main() -> ExitCode {
                 eprintln!("inferd: configuration error: {e}");
                 return ExitCode::from(2);
             }
-            match inferd::app::run(settings) {
+            match inferd::app::run(settings, source) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("inferd: error: {e:#}");

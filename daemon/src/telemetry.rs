@@ -1,26 +1,73 @@
 //! Logging: `tracing` to stderr, journald-friendly (no ANSI colours unless stderr is a
-//! terminal). The filter comes from `RUST_LOG` when set, else from `log.level`.
+//! terminal). The filter comes from `RUST_LOG` when set, else from `log.level`, which a
+//! SIGHUP reload can change ([`set_level`]).
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
+
+/// The handle that swaps the filter; set when `log.level` (not `RUST_LOG`) governs.
+static LEVEL: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+fn filter(level: &str) -> Result<EnvFilter, String> {
+    EnvFilter::try_new(level).map_err(|e| format!("log.level = \"{level}\": {e}"))
+}
 
 /// Installs the global subscriber. Calling it twice is harmless (the second call is ignored).
 ///
 /// # Errors
 /// An invalid filter directive in `level`, naming it.
 pub fn init(level: &str) -> Result<(), String> {
-    let filter = match std::env::var("RUST_LOG") {
+    let from_env = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => {
-            EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG = \"{v}\": {e}"))?
+            Some(EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG = \"{v}\": {e}"))?)
         }
-        _ => EnvFilter::try_new(level).map_err(|e| format!("log.level = \"{level}\": {e}"))?,
+        _ => None,
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    let governed_by_config = from_env.is_none();
+    let (layer, handle) = reload::Layer::new(match from_env {
+        Some(f) => f,
+        None => filter(level)?,
+    });
+    let installed = tracing_subscriber::registry()
+        .with(layer)
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_target(false),
+        )
+        .try_init()
+        .is_ok();
+    if installed && governed_by_config {
+        let _ = LEVEL.set(handle);
+    }
     Ok(())
+}
+
+/// Checks a `log.level` value without applying it.
+///
+/// # Errors
+/// An invalid filter directive, naming `log.level`.
+pub fn check_level(level: &str) -> Result<(), String> {
+    filter(level).map(drop)
+}
+
+/// Applies a new `log.level` (SIGHUP). Returns `false` when `RUST_LOG` governs the
+/// filter instead (the value is then ignored).
+///
+/// # Errors
+/// An invalid filter directive, naming `log.level`.
+pub fn set_level(level: &str) -> Result<bool, String> {
+    let f = filter(level)?;
+    match LEVEL.get() {
+        Some(handle) => handle
+            .reload(f)
+            .map(|()| true)
+            .map_err(|e| format!("log.level: {e}")),
+        None => Ok(false),
+    }
 }

@@ -118,6 +118,23 @@ pub fn parse_client_message(
     result.map_err(with_id)
 }
 
+/// Validates a `generate` object built by another edge (the OpenAI-compatible HTTP API
+/// translates its bodies into one), with the same rules and messages as a frame.
+///
+/// # Errors
+/// A [`crate::error::ErrorKind::Validation`] error naming the field, bound and value.
+pub fn parse_generate_object(
+    obj: &Map<String, Value>,
+    id: String,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<GenerateRequest, InferError> {
+    match parse_generate(obj, id, defaults, vocab_size)? {
+        ClientMessage::Generate(request) => Ok(request),
+        _ => Err(InferError::internal("generate parsed into another message")),
+    }
+}
+
 /// Checks configured defaults against the client bounds (see [`SamplingDefaults::check`]).
 pub(super) fn check_defaults(d: &SamplingDefaults, vocab_size: usize) -> VResult<()> {
     let prefixed = |e: InferError| InferError::validation(format!("default {}", e.message));

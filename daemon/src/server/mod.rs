@@ -1,7 +1,273 @@
-//! The network edge: the TCP listener and one WebSocket session per connection.
-//! No inference logic lives here: sessions parse frames through `api`, hand requests
-//! to the tokenizer stage and forward each request's events back as frames.
+//! The network edge: one TCP listener speaking HTTP/1.1 (hyper), where `GET /v1/ws`
+//! upgrades to a WebSocket session (protocol v1, `docs/protocol.md`) and the other
+//! routes are health, readiness, metrics and the OpenAI-compatible API
+//! (`docs/http-api.md`). No inference logic lives here: requests are validated through
+//! `api`, handed to the tokenizer stage, and each request's events are forwarded back.
+//!
+//! Everything here runs on the actix system thread (connections are spawned with
+//! `actix_rt::spawn`), so shared state is `Rc`/`RefCell`.
 
+mod http;
+mod openai;
 mod session;
+mod tracker;
 
-pub use session::{serve, Engine};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::api::SamplingDefaults;
+use crate::error::{ErrorKind, InferError};
+use crate::request::{CancelFlag, EventReceiver, GenerateRequest, SeqId};
+use crate::sampling::wasm_plugin::PluginRegistry;
+use crate::scheduler::SchedulerActor;
+use crate::tokenizer::actor::Prepare;
+use crate::tokenizer::TokenizerActor;
+pub use tracker::{Tracked, Tracker};
+
+/// The loaded plugins, replaced as a whole when SIGHUP reloads `plugins.dir`; a request
+/// keeps the registry it was set up with.
+pub type SharedPlugins = Arc<RwLock<Arc<PluginRegistry>>>;
+
+/// Handles to the pipeline that the edge feeds.
+#[derive(Clone)]
+pub struct Engine {
+    /// Tokenizer stage (first stage of the pipeline), for generate requests.
+    pub tokenizer: Addr<TokenizerActor>,
+    /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
+    /// of them never delays generate requests.
+    pub utility_tokenizer: Addr<TokenizerActor>,
+    /// Scheduler, for cancellation and stats.
+    pub scheduler: Addr<SchedulerActor>,
+    /// Defaults for absent sampling fields (reloaded on SIGHUP).
+    pub defaults: SamplingDefaults,
+    /// Vocabulary size, for validating token ids.
+    pub vocab_size: usize,
+    /// Largest accepted WebSocket message or HTTP request body, bytes (reloaded on SIGHUP).
+    pub max_message_bytes: usize,
+    /// The loaded Wasm plugins (for the `plugins` message).
+    pub plugins: SharedPlugins,
+    /// The model's name in the OpenAI API (`/v1/models`, `model` fields): the GGUF file
+    /// name without `.gguf`.
+    pub model_id: String,
+    /// When the model was loaded, Unix seconds (`/v1/models` `created`).
+    pub created: u64,
+}
+
+/// What every connection shares: the engine once loaded, the API key, the requests in
+/// flight and the shutdown state.
+pub struct State {
+    engine: RefCell<Option<Engine>>,
+    api_key: RefCell<Option<String>>,
+    tracker: Tracker,
+    draining: Cell<bool>,
+    /// Set to `true` when connections should close (after the drain).
+    closing: watch::Sender<bool>,
+    connections: Cell<usize>,
+    connections_changed: Notify,
+}
+
+impl State {
+    /// A server still loading its model (`/ready` answers 503 until
+    /// [`State::set_engine`]).
+    pub fn new(api_key: Option<String>) -> Rc<Self> {
+        Rc::new(Self {
+            engine: RefCell::new(None),
+            api_key: RefCell::new(api_key),
+            tracker: Tracker::default(),
+            draining: Cell::new(false),
+            closing: watch::channel(false).0,
+            connections: Cell::new(0),
+            connections_changed: Notify::new(),
+        })
+    }
+
+    /// The model is loaded and the pipeline runs: start serving requests.
+    pub fn set_engine(&self, engine: Engine) {
+        *self.engine.borrow_mut() = Some(engine);
+    }
+
+    /// A snapshot of the engine handles; `None` while loading.
+    pub fn engine(&self) -> Option<Engine> {
+        self.engine.borrow().clone()
+    }
+
+    /// Applies reloaded settings to the running engine (SIGHUP).
+    pub fn reconfigure(
+        &self,
+        api_key: Option<String>,
+        defaults: SamplingDefaults,
+        max_message_bytes: usize,
+    ) {
+        *self.api_key.borrow_mut() = api_key;
+        if let Some(e) = self.engine.borrow_mut().as_mut() {
+            e.defaults = defaults;
+            e.max_message_bytes = max_message_bytes;
+        }
+    }
+
+    /// Whether the server answers requests: loaded and not shutting down (`/ready`).
+    pub fn is_ready(&self) -> bool {
+        self.engine.borrow().is_some() && !self.draining.get()
+    }
+
+    /// Registers and starts a validated generate request; its events arrive on the
+    /// returned receiver (`Started`, `Delta`s, then `Done` or `Error`).
+    ///
+    /// # Errors
+    /// `overloaded` once a shutdown has begun.
+    pub fn start_request(
+        &self,
+        engine: &Engine,
+        request: GenerateRequest,
+    ) -> Result<(Tracked, EventReceiver), InferError> {
+        if self.draining.get() {
+            return Err(InferError::new(
+                ErrorKind::Overloaded,
+                "the daemon is shutting down and accepts no new requests",
+            ));
+        }
+        let seq = SeqId::next();
+        let cancel = CancelFlag::new();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tracked = self
+            .tracker
+            .track(seq, cancel.clone(), engine.scheduler.clone());
+        engine.tokenizer.do_send(Prepare {
+            seq,
+            request,
+            events: tx,
+            cancel,
+            received_at: Instant::now(),
+        });
+        Ok((tracked, rx))
+    }
+
+    /// Graceful shutdown after the listener has stopped accepting: new requests are
+    /// refused, running ones get up to `grace` to finish (or until `hurry` resolves,
+    /// e.g. a second signal), the rest are cancelled and end with `finish_reason:
+    /// "cancelled"`; then every connection is closed once its final frames are written.
+    pub async fn drain(&self, grace: Duration, hurry: impl Future<Output = ()>) {
+        self.draining.set(true);
+        let in_flight = self.tracker.len();
+        if in_flight > 0 {
+            tracing::info!(
+                requests = in_flight,
+                grace_s = grace.as_secs_f64(),
+                "draining: waiting for running requests to finish"
+            );
+            let finished = tokio::select! {
+                () = self.tracker.wait_empty() => true,
+                () = tokio::time::sleep(grace) => false,
+                () = hurry => false,
+            };
+            if !finished {
+                tracing::warn!(
+                    requests = self.tracker.len(),
+                    "shutdown grace period over: cancelling the requests still running"
+                );
+                if let Some(engine) = self.engine() {
+                    self.tracker.cancel_all(&engine.scheduler);
+                }
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), self.tracker.wait_empty()).await;
+            }
+        }
+        self.closing.send_replace(true);
+        let closed = async {
+            loop {
+                let changed = self.connections_changed.notified();
+                if self.connections.get() == 0 {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), closed).await;
+    }
+
+    fn connection_opened(self: &Rc<Self>) -> ConnectionGuard {
+        self.connections.set(self.connections.get() + 1);
+        ConnectionGuard(self.clone())
+    }
+
+    /// Resolves when connections should close.
+    fn closing(&self) -> impl Future<Output = ()> + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+}
+
+/// Counts an open connection (HTTP or WebSocket) until dropped.
+struct ConnectionGuard(Rc<State>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        let s = &self.0;
+        s.connections.set(s.connections.get().saturating_sub(1));
+        s.connections_changed.notify_waiters();
+    }
+}
+
+/// Accepts connections on `listener` until `stop` resolves; then the listener is
+/// dropped (new connections are refused) while open ones go on (see
+/// [`State::drain`]). Must run inside an actix `System`.
+pub async fn serve(listener: TcpListener, state: Rc<State>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    actix_rt::spawn(connection(stream, state.clone()));
+                }
+                Err(e) => {
+                    // Out of file descriptors and similar: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Seconds a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn connection(stream: TcpStream, state: Rc<State>) {
+    let _ = stream.set_nodelay(true);
+    let _open = state.connection_opened();
+    let st = state.clone();
+    let service = service_fn(move |req| {
+        let st = st.clone();
+        async move { Ok::<_, std::convert::Infallible>(http::route(req, st).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "http connection ended with an error");
+            }
+        }
+        () = state.closing() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}

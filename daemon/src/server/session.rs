@@ -1,7 +1,7 @@
-//! Listener and WebSocket sessions (`ws://HOST:PORT/v1/ws`, protocol v1 in
-//! `docs/protocol.md`).
+//! WebSocket sessions (`ws://HOST:PORT/v1/ws`, protocol v1 in `docs/protocol.md`),
+//! started by the HTTP layer after the upgrade.
 //!
-//! Each connection runs on the actix system's executor as one reader loop plus one
+//! Each session runs on the actix system's executor as one reader loop plus one
 //! writer task; each accepted request gets a forwarding task that turns its
 //! [`StreamEvent`]s into frames. A connection tracks its active request ids; closing it
 //! cancels them all.
@@ -10,28 +10,23 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::Arc;
-use std::time::Instant;
 
-use actix::Addr;
 use futures_util::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
-use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
-use crate::api::{self, ClientMessage, SamplingDefaults};
+use super::{Engine, State, Tracked};
+use crate::api::{self, ClientMessage};
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, SeqId, StreamEvent};
-use crate::sampling::wasm_plugin::PluginRegistry;
-use crate::scheduler::{Cancel, GetStats, SchedulerActor};
-use crate::tokenizer::actor::{Decode, Encode, Prepare};
-use crate::tokenizer::TokenizerActor;
+use crate::scheduler::{Cancel, GetStats};
+use crate::tokenizer::actor::{Decode, Encode};
 
 /// WebSocket endpoint path.
 pub const WS_PATH: &str = "/v1/ws";
@@ -43,26 +38,6 @@ const OUTBOUND_QUEUE_FRAMES: usize = 64;
 /// `overloaded` error at once.
 const MAX_UTILITY_IN_FLIGHT: usize = 16;
 
-/// Handles to the pipeline that sessions feed.
-#[derive(Clone)]
-pub struct Engine {
-    /// Tokenizer stage (first stage of the pipeline), for generate requests.
-    pub tokenizer: Addr<TokenizerActor>,
-    /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
-    /// of them never delays generate requests.
-    pub utility_tokenizer: Addr<TokenizerActor>,
-    /// Scheduler, for cancellation control messages only.
-    pub scheduler: Addr<SchedulerActor>,
-    /// Defaults for absent sampling fields.
-    pub defaults: SamplingDefaults,
-    /// Vocabulary size, for validating token ids.
-    pub vocab_size: usize,
-    /// Largest accepted message, bytes.
-    pub max_message_bytes: usize,
-    /// The loaded Wasm plugins (for the `plugins` message).
-    pub plugins: Arc<PluginRegistry>,
-}
-
 /// An active request of one connection.
 struct Active {
     seq: SeqId,
@@ -71,52 +46,21 @@ struct Active {
 
 type ActiveMap = Rc<RefCell<HashMap<String, Active>>>;
 
-/// Accepts connections on `listener` until `shutdown` resolves. Must run inside an
-/// actix `System` (sessions are spawned on its executor).
-pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let engine = engine.clone();
-                    actix_rt::spawn(async move {
-                        if let Err(e) = session(stream, engine).await {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    // Out of file descriptors and similar: back off briefly, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
+/// The WebSocket settings of a new session: messages and frames up to
+/// `server.max_message_bytes`.
+pub(super) fn ws_config(max_message_bytes: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(max_message_bytes))
+        .max_frame_size(Some(max_message_bytes))
 }
 
-#[allow(clippy::result_large_err)]
-fn check_path(req: &Request, resp: Response) -> Result<Response, ErrorResponse> {
-    if req.uri().path() == WS_PATH {
-        Ok(resp)
-    } else {
-        let mut r = ErrorResponse::new(Some(format!(
-            "not found: the WebSocket endpoint is {WS_PATH}\n"
-        )));
-        *r.status_mut() = StatusCode::NOT_FOUND;
-        Err(r)
-    }
-}
-
-async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
-    let _ = stream.set_nodelay(true);
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(engine.max_message_bytes))
-        .max_frame_size(Some(engine.max_message_bytes));
-    let ws =
-        tokio_tungstenite::accept_hdr_async_with_config(stream, check_path, Some(config)).await?;
+/// Runs one WebSocket session (after the HTTP upgrade) until the client closes it, or
+/// the server does at the end of a shutdown.
+pub(super) async fn run<S>(ws: WebSocketStream<S>, state: Rc<State>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let _open = state.connection_opened();
     let (mut sink, mut source) = ws.split();
     // Bounded: when a client stops reading, the writer blocks, this queue fills, and then
     // the reader stops reading that client's frames too (TCP backpressure), so one slow
@@ -132,8 +76,27 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
         let _ = sink.close().await;
     });
     let active: ActiveMap = Rc::new(RefCell::new(HashMap::new()));
+    let closing = state.closing();
+    tokio::pin!(closing);
 
-    while let Some(frame) = source.next().await {
+    loop {
+        let frame = tokio::select! {
+            f = source.next() => match f {
+                Some(f) => f,
+                None => break,
+            },
+            () = &mut closing => {
+                // Shutdown: every request has ended (drained or cancelled); say goodbye
+                // (1001, "going away").
+                let _ = out_tx
+                    .send(Message::Close(Some(CloseFrame {
+                        code: CloseCode::Away,
+                        reason: "server shutting down".into(),
+                    })))
+                    .await;
+                break;
+            }
+        };
         let frame = match frame {
             Ok(f) => f,
             Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size })) => {
@@ -160,7 +123,16 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
         };
         match frame {
             Message::Text(text) => {
-                handle_text(text.as_str(), &engine, &active, &out_tx, &utility_in_flight).await
+                let Some(engine) = state.engine() else { break };
+                handle_text(
+                    text.as_str(),
+                    &state,
+                    &engine,
+                    &active,
+                    &out_tx,
+                    &utility_in_flight,
+                )
+                .await
             }
             Message::Binary(_) => {
                 let e = InferError::validation(
@@ -174,17 +146,19 @@ async fn session(stream: TcpStream, engine: Engine) -> anyhow::Result<()> {
     }
 
     // Connection gone: cancel everything it started.
-    for (_, a) in active.borrow_mut().drain() {
-        a.cancel.cancel();
-        engine.scheduler.do_send(Cancel(a.seq));
+    if let Some(engine) = state.engine() {
+        for (_, a) in active.borrow_mut().drain() {
+            a.cancel.cancel();
+            engine.scheduler.do_send(Cancel(a.seq));
+        }
     }
     drop(out_tx);
     let _ = writer.await;
-    Ok(())
 }
 
 async fn handle_text(
     text: &str,
+    state: &State,
     engine: &Engine,
     active: &ActiveMap,
     out: &mpsc::Sender<Message>,
@@ -217,24 +191,23 @@ async fn handle_text(
                 let _ = out.send(Message::text(api::error_frame(None, &e))).await;
                 return;
             }
-            let seq = SeqId::next();
-            let cancel = CancelFlag::new();
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tracked, rx) = match state.start_request(engine, request) {
+                Ok(started) => started,
+                Err(e) => {
+                    let _ = out
+                        .send(Message::text(api::error_frame(Some(&id), &e)))
+                        .await;
+                    return;
+                }
+            };
             active.borrow_mut().insert(
                 id.clone(),
                 Active {
-                    seq,
-                    cancel: cancel.clone(),
+                    seq: tracked.seq(),
+                    cancel: tracked.cancel_flag(),
                 },
             );
-            actix_rt::spawn(forward_events(id, seq, rx, active.clone(), out.clone()));
-            engine.tokenizer.do_send(Prepare {
-                seq,
-                request,
-                events: tx,
-                cancel,
-                received_at: Instant::now(),
-            });
+            actix_rt::spawn(forward_events(id, tracked, rx, active.clone(), out.clone()));
         }
         ClientMessage::Cancel { id } => {
             // Cancelling an id that is not active (unknown, or finished while the cancel
@@ -285,7 +258,11 @@ async fn handle_text(
             });
         }
         ClientMessage::Plugins { id } => {
-            let frame = api::plugins_frame(id.as_deref(), &engine.plugins.list());
+            let list = match engine.plugins.read() {
+                Ok(p) => p.list(),
+                Err(poisoned) => poisoned.into_inner().list(),
+            };
+            let frame = api::plugins_frame(id.as_deref(), &list);
             let _ = out.send(Message::text(frame)).await;
         }
         ClientMessage::Detokenize { id, token_ids } => {
@@ -376,13 +353,14 @@ fn utility_overloaded() -> InferError {
 /// for reuse before the final frame is queued.
 async fn forward_events(
     id: String,
-    seq: SeqId,
+    mut tracked: Tracked,
     mut events: mpsc::UnboundedReceiver<StreamEvent>,
     active: ActiveMap,
     out: mpsc::Sender<Message>,
 ) {
+    let seq = tracked.seq();
     while let Some(ev) = events.recv().await {
-        let last = matches!(ev, StreamEvent::Done { .. } | StreamEvent::Error(_));
+        let last = tracked.observe(&ev);
         if last {
             let mut map = active.borrow_mut();
             if map.get(&id).is_some_and(|a| a.seq == seq) {

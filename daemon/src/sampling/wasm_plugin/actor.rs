@@ -3,7 +3,7 @@
 //! name no plugin never pass through it, so a slow or hostile `configure` (bounded by
 //! `plugins.configure_deadline_ms`) delays only other plugin requests, never tokenizing.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 
@@ -28,13 +28,14 @@ pub struct SetupPlugins {
 
 /// The plugin set-up stage. Start with `SyncArbiter::start(SETUP_THREADS, ..)`.
 pub struct PluginSetupActor {
-    plugins: Arc<PluginRegistry>,
+    plugins: Arc<RwLock<Arc<PluginRegistry>>>,
     scheduler: Addr<SchedulerActor>,
 }
 
 impl PluginSetupActor {
-    /// A worker instantiating from `plugins` and submitting to `scheduler`.
-    pub fn new(plugins: Arc<PluginRegistry>, scheduler: Addr<SchedulerActor>) -> Self {
+    /// A worker instantiating from the current registry in `plugins` (replaced as a
+    /// whole when SIGHUP reloads `plugins.dir`) and submitting to `scheduler`.
+    pub fn new(plugins: Arc<RwLock<Arc<PluginRegistry>>>, scheduler: Addr<SchedulerActor>) -> Self {
         Self { plugins, scheduler }
     }
 }
@@ -49,10 +50,12 @@ impl Handler<SetupPlugins> for PluginSetupActor {
     fn handle(&mut self, msg: SetupPlugins, _ctx: &mut SyncContext<Self>) {
         let mut req = msg.request;
         if !req.cancel.is_cancelled() {
-            match self
-                .plugins
-                .instantiate(&msg.specs, req.sampling.seed, &req.client_id)
-            {
+            // A poisoned lock only means a reload panicked: the registry is still whole.
+            let registry = match self.plugins.read() {
+                Ok(r) => r.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            };
+            match registry.instantiate(&msg.specs, req.sampling.seed, &req.client_id) {
                 Ok(chain) => req.plugins = chain,
                 // Cancelled while configuring: the scheduler ends it as cancelled.
                 Err(_) if req.cancel.is_cancelled() => {}

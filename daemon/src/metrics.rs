@@ -1,0 +1,238 @@
+//! Prometheus metrics for `GET /metrics` (text exposition format 0.0.4, rendered by the
+//! `prometheus` crate).
+//!
+//! Per-request figures are recorded at the edge, by [`crate::server`]'s request tracker,
+//! from the events every request's stream carries (so WebSocket and HTTP requests count
+//! the same way). Engine-wide figures (running and waiting sequences, KV blocks, prefix
+//! cache hits) are read from the scheduler's [`EngineStats`] at scrape time.
+//!
+//! Names follow Prometheus conventions (base units: seconds; `_total` for counters) and
+//! mirror vLLM's where one exists (`vllm:time_to_first_token_seconds` →
+//! `inferd_time_to_first_token_seconds`, ...).
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::scheduler::EngineStats;
+
+/// Histogram buckets for time to first token and end-to-end latency, seconds.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+];
+/// Histogram buckets for inter-token latency, seconds.
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.5, 1.0, 2.5,
+];
+
+/// Every metric the daemon exports, registered in one [`Registry`].
+pub struct Metrics {
+    registry: Registry,
+    /// Finished requests by `finish_reason` (`stop`, `length`, `cancelled`, or `error`).
+    pub requests: IntCounterVec,
+    /// Failed requests by error type (`validation`, `plugin_trap`, ...).
+    pub request_errors: IntCounterVec,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: IntCounter,
+    /// Generated tokens of finished requests.
+    pub generation_tokens: IntCounter,
+    /// Time to first token, seconds (the engine's figure: acceptance to first sample).
+    pub ttft: Histogram,
+    /// Time between consecutive tokens of one request as streamed, seconds.
+    pub itl: Histogram,
+    /// Acceptance to the final event, seconds.
+    pub e2e: Histogram,
+    /// Requests that failed with `plugin_trap` (trap, deadline, limit, bad answer).
+    pub plugin_traps: IntCounter,
+    running: IntGauge,
+    waiting: IntGauge,
+    kv_blocks_used: IntGauge,
+    kv_blocks_total: IntGauge,
+    prefix_prompt_tokens: IntCounter,
+    prefix_hit_tokens: IntCounterVec,
+}
+
+fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+    // Names are constants and distinct: registration cannot fail.
+    r.register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+impl Metrics {
+    fn new() -> Result<Self, prometheus::Error> {
+        let r = Registry::new_custom(Some("inferd".into()), None)?;
+        let hist = |name: &str, help: &str, buckets: &[f64]| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        };
+        Ok(Self {
+            requests: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("requests_total", "Finished requests by finish reason"),
+                    &["finish_reason"],
+                )?,
+            ),
+            request_errors: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("request_errors_total", "Failed requests by error type"),
+                    &["type"],
+                )?,
+            ),
+            prompt_tokens: registered(
+                &r,
+                IntCounter::new("prompt_tokens_total", "Prompt tokens of finished requests")?,
+            ),
+            generation_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "generation_tokens_total",
+                    "Generated tokens of finished requests",
+                )?,
+            ),
+            ttft: registered(
+                &r,
+                hist(
+                    "time_to_first_token_seconds",
+                    "Time to first token",
+                    LATENCY_BUCKETS,
+                )?,
+            ),
+            itl: registered(
+                &r,
+                hist(
+                    "inter_token_latency_seconds",
+                    "Time between consecutive streamed tokens",
+                    ITL_BUCKETS,
+                )?,
+            ),
+            e2e: registered(
+                &r,
+                hist(
+                    "e2e_request_latency_seconds",
+                    "Request acceptance to its final event",
+                    LATENCY_BUCKETS,
+                )?,
+            ),
+            plugin_traps: registered(
+                &r,
+                IntCounter::new(
+                    "plugin_traps_total",
+                    "Requests ended by a plugin trap, deadline or limit",
+                )?,
+            ),
+            running: registered(
+                &r,
+                IntGauge::new("requests_running", "Sequences running (holding KV blocks)")?,
+            ),
+            waiting: registered(
+                &r,
+                IntGauge::new("requests_waiting", "Sequences waiting for admission")?,
+            ),
+            kv_blocks_used: registered(
+                &r,
+                IntGauge::new("kv_blocks_used", "KV cache blocks owned by sequences")?,
+            ),
+            kv_blocks_total: registered(
+                &r,
+                IntGauge::new("kv_blocks_total", "KV cache blocks in the pool")?,
+            ),
+            prefix_prompt_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "prefix_cache_queried_tokens_total",
+                    "Prompt tokens looked up in the prefix cache",
+                )?,
+            ),
+            prefix_hit_tokens: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "prefix_cache_hit_tokens_total",
+                        "Prompt tokens served from the prefix cache, by tier",
+                    ),
+                    &["tier"],
+                )?,
+            ),
+            registry: r,
+        })
+    }
+
+    /// The text exposition of every metric, after copying the engine-wide figures
+    /// from `stats` (`None` while the model loads: they stay at zero).
+    pub fn render(&self, stats: Option<&EngineStats>) -> String {
+        if let Some(st) = stats {
+            let gauge = |g: &IntGauge, v: usize| g.set(i64::try_from(v).unwrap_or(i64::MAX));
+            gauge(&self.running, st.running);
+            gauge(&self.waiting, st.waiting);
+            gauge(&self.kv_blocks_used, st.kv_blocks_used);
+            gauge(&self.kv_blocks_total, st.kv_blocks_total);
+            // The engine's counters only grow: move ours up to them.
+            let follow = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+            let p = &st.prefix_cache;
+            follow(&self.prefix_prompt_tokens, p.prompt_tokens);
+            follow(
+                &self.prefix_hit_tokens.with_label_values(&["memory"]),
+                p.memory_hit_tokens,
+            );
+            follow(
+                &self.prefix_hit_tokens.with_label_values(&["disk"]),
+                p.disk_hit_tokens,
+            );
+        }
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# metrics encoding failed: {e}\n"))
+    }
+}
+
+static METRICS: LazyLock<Metrics> =
+    LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
+
+/// The daemon's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_names_every_family_and_follows_engine_counters() {
+        let m = Metrics::new().expect("metrics");
+        m.requests.with_label_values(&["stop"]).inc();
+        m.ttft.observe(0.2);
+        let mut st = EngineStats {
+            running: 3,
+            waiting: 2,
+            kv_blocks_used: 7,
+            kv_blocks_total: 728,
+            ..EngineStats::default()
+        };
+        st.prefix_cache.prompt_tokens = 100;
+        st.prefix_cache.memory_hit_tokens = 64;
+        let text = m.render(Some(&st));
+        for line in [
+            "inferd_requests_total{finish_reason=\"stop\"} 1",
+            "inferd_time_to_first_token_seconds_bucket{le=\"0.25\"} 1",
+            "inferd_requests_running 3",
+            "inferd_requests_waiting 2",
+            "inferd_kv_blocks_used 7",
+            "inferd_kv_blocks_total 728",
+            "inferd_prefix_cache_queried_tokens_total 100",
+            "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 64",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        st.prefix_cache.memory_hit_tokens = 80;
+        let text = m.render(Some(&st));
+        assert!(text
+            .lines()
+            .any(|l| l == "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 80"));
+    }
+}

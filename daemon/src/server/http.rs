@@ -1,0 +1,315 @@
+//! HTTP routes (`docs/http-api.md`): `/health`, `/ready`, `/metrics`, the WebSocket
+//! upgrade at `/v1/ws`, and the OpenAI-compatible `/v1/*` API (in [`super::openai`]).
+//!
+//! `/v1/*` requires `Authorization: Bearer <server.api_key>` when a key is set; the
+//! probes and `/metrics` stay open (as in vLLM). Every error body under `/v1/` is
+//! OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`.
+
+use std::convert::Infallible;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use futures_util::stream::LocalBoxStream;
+use http_body_util::{Either, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
+
+use super::session::{self, WS_PATH};
+use super::{openai, Engine, State};
+use crate::error::{ErrorKind, InferError};
+use crate::metrics::metrics;
+use crate::scheduler::GetStats;
+
+/// The frames of a streamed body (server-sent events); not `Send`: it lives on the
+/// actix system thread with the request it streams.
+pub type FrameStream = LocalBoxStream<'static, Result<Frame<Bytes>, Infallible>>;
+
+/// A response body: whole, or streamed.
+pub type Body = Either<Full<Bytes>, StreamBody<FrameStream>>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Either::Left(Full::new(bytes.into()))
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(value.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// An error in OpenAI's shape; `code` is inferd's error tag (`validation`, ...) or an
+/// HTTP-level code (`invalid_api_key`, `not_found`, ...).
+pub fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<Body> {
+    let mut r = json(
+        status,
+        &serde_json::json!({
+            "error": { "message": message, "type": kind, "param": null, "code": code }
+        }),
+    );
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+/// The HTTP status and OpenAI error `type` of a request error.
+pub fn status_of(kind: ErrorKind) -> (StatusCode, &'static str) {
+    match kind {
+        ErrorKind::Validation | ErrorKind::ContextLengthExceeded => {
+            (StatusCode::BAD_REQUEST, "invalid_request_error")
+        }
+        ErrorKind::Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded_error"),
+        // A client closing its connection never reads this; a drain that cancels a
+        // request before it starts does.
+        ErrorKind::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, "cancelled"),
+        ErrorKind::PluginTrap | ErrorKind::Internal => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
+        }
+    }
+}
+
+/// The error response for a request error.
+pub fn infer_error(e: &InferError) -> Response<Body> {
+    let (status, kind) = status_of(e.kind);
+    error(status, kind, e.kind.as_str(), &e.message)
+}
+
+/// Routes one request.
+pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    match path.as_str() {
+        "/health" => match method {
+            Method::GET | Method::HEAD => text(StatusCode::OK, "ok\n"),
+            _ => method_not_allowed("GET"),
+        },
+        "/ready" => match method {
+            Method::GET | Method::HEAD if state.is_ready() => text(StatusCode::OK, "ready\n"),
+            Method::GET | Method::HEAD if state.engine().is_none() => {
+                text(StatusCode::SERVICE_UNAVAILABLE, "loading\n")
+            }
+            Method::GET | Method::HEAD => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
+            _ => method_not_allowed("GET"),
+        },
+        "/metrics" => match method {
+            Method::GET => metrics_page(&state).await,
+            _ => method_not_allowed("GET"),
+        },
+        p if p.starts_with("/v1/") => v1(req, &state, &method, p).await,
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "not_found",
+            &format!(
+                "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
+                 /v1/models, {WS_PATH} (WebSocket), /health, /ready and /metrics"
+            ),
+        ),
+    }
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        &format!("method not allowed: use {allow}"),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+async fn metrics_page(state: &State) -> Response<Body> {
+    let stats = match state.engine() {
+        Some(engine) => engine.scheduler.send(GetStats).await.ok(),
+        None => None,
+    };
+    let mut r = Response::new(full(metrics().render(stats.as_ref())));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// Compares the `Authorization` header with the key in constant time (for equal
+/// lengths).
+fn authorized(req: &Request<Incoming>, key: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn v1(
+    req: Request<Incoming>,
+    state: &Rc<State>,
+    method: &Method,
+    path: &str,
+) -> Response<Body> {
+    let key = state.api_key.borrow().clone();
+    if let Some(key) = key {
+        if !authorized(&req, &key) {
+            let message = if req.headers().contains_key(header::AUTHORIZATION) {
+                "incorrect API key: send the daemon's server.api_key as \
+                 \"Authorization: Bearer <key>\""
+            } else {
+                "missing API key: this daemon requires \"Authorization: Bearer <key>\" \
+                 (server.api_key)"
+            };
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_api_key",
+                message,
+            );
+        }
+    }
+    let Some(engine) = state.engine() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "loading",
+            "the model is still loading; retry when GET /ready answers 200",
+        );
+    };
+    match (path, method) {
+        (WS_PATH, &Method::GET) => ws_upgrade(req, state, &engine),
+        ("/v1/models", &Method::GET) => models(&engine),
+        ("/v1/chat/completions", &Method::POST) => {
+            openai::generate(req, state, &engine, openai::Endpoint::Chat).await
+        }
+        ("/v1/completions", &Method::POST) => {
+            openai::generate(req, state, &engine, openai::Endpoint::Completion).await
+        }
+        (WS_PATH | "/v1/models", _) => method_not_allowed("GET"),
+        ("/v1/chat/completions" | "/v1/completions", _) => method_not_allowed("POST"),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "not_found",
+            &format!(
+                "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
+                 /v1/models and {WS_PATH} (WebSocket)"
+            ),
+        ),
+    }
+}
+
+fn models(engine: &Engine) -> Response<Body> {
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "object": "list",
+            "data": [{
+                "id": engine.model_id,
+                "object": "model",
+                "created": engine.created,
+                "owned_by": "inferd",
+            }],
+        }),
+    )
+}
+
+fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {
+    req.headers().get_all(name).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
+}
+
+/// Answers a WebSocket handshake (RFC 6455 §4.2) and runs the session on the upgraded
+/// connection.
+fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) -> Response<Body> {
+    let bad = |m: &str| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "validation",
+            m,
+        )
+    };
+    if !header_has(&req, header::UPGRADE, "websocket")
+        || !header_has(&req, header::CONNECTION, "upgrade")
+    {
+        return bad(&format!(
+            "{WS_PATH} is the WebSocket endpoint: send an upgrade request \
+             (Connection: Upgrade, Upgrade: websocket)"
+        ));
+    }
+    if req
+        .headers()
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_none_or(|v| v.as_bytes() != b"13")
+    {
+        let mut r = bad("Sec-WebSocket-Version must be 13");
+        r.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
+        return r;
+    }
+    let Some(accept) = req
+        .headers()
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| derive_accept_key(k.as_bytes()))
+    else {
+        return bad("Sec-WebSocket-Key is missing");
+    };
+    let Ok(accept) = HeaderValue::from_str(&accept) else {
+        return bad("Sec-WebSocket-Key is invalid");
+    };
+    let upgrade = hyper::upgrade::on(&mut req);
+    let config = session::ws_config(engine.max_message_bytes);
+    let state = state.clone();
+    actix_rt::spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
+                session::run(ws, state).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "websocket upgrade failed"),
+        }
+    });
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    r
+}

@@ -1,0 +1,669 @@
+//! The OpenAI-compatible endpoints `POST /v1/chat/completions` and
+//! `POST /v1/completions` (request and response shapes of the OpenAI API reference,
+//! <https://platform.openai.com/docs/api-reference/chat>), with `stream: true` as
+//! server-sent events (`data: {chunk}` lines, then `data: [DONE]`).
+//!
+//! A request body is translated into a protocol-v1 `generate` object and validated by
+//! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
+//! so both edges accept and refuse the same values with the same messages. OpenAI
+//! fields inferd cannot honour (`n` > 1, penalties, `logit_bias`, `logprobs`, tools, ...)
+//! are refused with a 400 naming the field rather than silently ignored.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Either, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Map, Value};
+
+use super::http::{self, Body, FrameStream};
+use super::{Engine, State, Tracked};
+use crate::api::validate::parse_generate_object;
+use crate::error::InferError;
+use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: `messages` in, `message`/`delta` out.
+    Chat,
+    /// `/v1/completions`: `prompt` in, `text` out.
+    Completion,
+}
+
+/// Fields passed to the `generate` validator unchanged (inferd's extensions `top_k`,
+/// `min_p`, `plugins`, `cache`, `cache_salt` included).
+const PASSED: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "plugins",
+    "cache",
+    "cache_salt",
+];
+/// Fields read here.
+const COMMON: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "n",
+    "user",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+];
+const CHAT_ONLY: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
+const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
+
+/// A refused request: the error response (boxed: it is the rare path).
+struct Refusal(Box<Response<Body>>);
+
+impl From<InferError> for Refusal {
+    fn from(e: InferError) -> Self {
+        Refusal(Box::new(http::infer_error(&e)))
+    }
+}
+
+/// A field inferd does not implement, the test its value must pass (its neutral
+/// value), and what the error message says is allowed.
+type Neutral = (&'static str, fn(&Value) -> bool, &'static str);
+
+fn invalid(message: String) -> Refusal {
+    InferError::validation(message).into()
+}
+
+/// What the translation keeps for the response.
+struct Options {
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Handles a completion request end to end.
+pub async fn generate(
+    req: Request<Incoming>,
+    state: &Rc<State>,
+    engine: &Engine,
+    endpoint: Endpoint,
+) -> Response<Body> {
+    match try_generate(req, state, engine, endpoint).await {
+        Ok(r) => r,
+        Err(Refusal(r)) => *r,
+    }
+}
+
+async fn try_generate(
+    req: Request<Incoming>,
+    state: &Rc<State>,
+    engine: &Engine,
+    endpoint: Endpoint,
+) -> Result<Response<Body>, Refusal> {
+    let body = read_body(req, engine.max_message_bytes).await?;
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| invalid(format!("malformed JSON in the request body: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(invalid("the request body must be a JSON object".into()));
+    };
+    let id = format!(
+        "{}-{:016x}",
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        },
+        rand::random::<u64>()
+    );
+    let (generate, options) = translate(&obj, endpoint, &engine.model_id, &id)?;
+    let request =
+        parse_generate_object(&generate, id.clone(), &engine.defaults, engine.vocab_size)?;
+    let (tracked, mut rx) = state.start_request(engine, request)?;
+    let reply = Reply {
+        endpoint,
+        id,
+        created: unix_now(),
+        model: engine.model_id.clone(),
+    };
+    if options.stream {
+        // Errors found before generation (context length, plugin configuration) still
+        // get their HTTP status: wait for the first event before the headers.
+        let mut tracked = tracked;
+        let first = rx.recv().await;
+        if let Some(StreamEvent::Error(e)) = first {
+            let refusal = Refusal::from(e.clone());
+            tracked.observe(&StreamEvent::Error(e));
+            return Err(refusal);
+        }
+        Ok(sse(reply, tracked, rx, first, options.include_usage))
+    } else {
+        collect(reply, tracked, rx).await
+    }
+}
+
+/// Reads the body, refusing one over `limit` bytes with 413.
+async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        Refusal(Box::new(http::error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "validation",
+            &format!("the request body exceeds server.max_message_bytes = {limit} bytes"),
+        )))
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(invalid(format!("could not read the request body: {e}"))),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Absent and `null` are the same.
+fn given<'a>(obj: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+    obj.get(field).filter(|v| !v.is_null())
+}
+
+fn quote(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 64 {
+        format!("{}...", s.chars().take(64).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Translates an OpenAI request body into a protocol-v1 `generate` object.
+fn translate(
+    obj: &Map<String, Value>,
+    endpoint: Endpoint,
+    model_id: &str,
+    id: &str,
+) -> Result<(Map<String, Value>, Options), Refusal> {
+    let own = match endpoint {
+        Endpoint::Chat => CHAT_ONLY,
+        Endpoint::Completion => COMPLETION_ONLY,
+    };
+    if let Some(k) = obj.keys().find(|k| {
+        ![PASSED, COMMON, own]
+            .iter()
+            .any(|l| l.contains(&k.as_str()))
+    }) {
+        let mut known: Vec<&str> = [PASSED, COMMON, own].concat();
+        known.sort_unstable();
+        return Err(invalid(format!(
+            "unknown field {k:?}; this endpoint accepts {}",
+            known.join(", ")
+        )));
+    }
+    if let Some(m) = given(obj, "model") {
+        match m.as_str() {
+            Some(name) if name == model_id => {}
+            Some(name) => {
+                return Err(Refusal(Box::new(http::error(
+                    StatusCode::NOT_FOUND,
+                    "not_found_error",
+                    "model_not_found",
+                    &format!(
+                        "model: the model {name:?} does not exist; this daemon serves {model_id:?}"
+                    ),
+                ))))
+            }
+            None => {
+                return Err(invalid(format!(
+                    "model must be a string (got {})",
+                    quote(m)
+                )))
+            }
+        }
+    }
+    // Fields inferd does not implement: only their neutral values are accepted.
+    let neutral: &[Neutral] = &[
+        ("n", |v| v.as_u64() == Some(1), "1 (one choice per request)"),
+        ("best_of", |v| v.as_u64() == Some(1), "1"),
+        (
+            "presence_penalty",
+            |v| v.as_f64() == Some(0.0),
+            "0 (penalties are not supported)",
+        ),
+        (
+            "frequency_penalty",
+            |v| v.as_f64() == Some(0.0),
+            "0 (penalties are not supported)",
+        ),
+        (
+            "logit_bias",
+            |v| v.as_object().is_some_and(Map::is_empty),
+            "{} (use a logits-processor plugin for biases)",
+        ),
+        (
+            "logprobs",
+            |v| v == &Value::Bool(false),
+            "false or null (log probabilities are not returned)",
+        ),
+        ("top_logprobs", |v| v.as_u64() == Some(0), "0 or null"),
+        ("echo", |v| v == &Value::Bool(false), "false"),
+        ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
+        (
+            "response_format",
+            |v| v.get("type").and_then(Value::as_str) == Some("text"),
+            "{\"type\": \"text\"} (structured output is not supported)",
+        ),
+        (
+            "tools",
+            |v| v.as_array().is_some_and(Vec::is_empty),
+            "[] (tool calls are not supported)",
+        ),
+        ("tool_choice", |v| v.as_str() == Some("none"), "\"none\""),
+        ("parallel_tool_calls", |v| v.is_boolean(), "a boolean"),
+        ("user", Value::is_string, "a string"),
+    ];
+    for (field, ok, allowed) in neutral {
+        if let Some(v) = given(obj, field) {
+            if !ok(v) {
+                return Err(invalid(format!(
+                    "{field} must be {allowed} (got {})",
+                    quote(v)
+                )));
+            }
+        }
+    }
+    let stream = match given(obj, "stream") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(invalid(format!(
+                "stream must be a boolean (got {})",
+                quote(v)
+            )))
+        }
+    };
+    let include_usage = match given(obj, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+                return Err(invalid(format!(
+                    "stream_options: unknown field {k:?}; it accepts include_usage"
+                )));
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(invalid(format!(
+                        "stream_options.include_usage must be a boolean (got {})",
+                        quote(v)
+                    )))
+                }
+            }
+        }
+        Some(v) => {
+            return Err(invalid(format!(
+                "stream_options must be an object (got {})",
+                quote(v)
+            )))
+        }
+    };
+    let mut out = Map::new();
+    out.insert("type".into(), json!("generate"));
+    out.insert("id".into(), json!(id));
+    for field in PASSED {
+        if let Some(v) = obj.get(*field) {
+            out.insert((*field).into(), v.clone());
+        }
+    }
+    // max_completion_tokens replaces max_tokens in OpenAI's chat API; both are read.
+    let max_tokens = given(obj, "max_completion_tokens").or_else(|| given(obj, "max_tokens"));
+    if let Some(v) = max_tokens {
+        out.insert("max_tokens".into(), v.clone());
+    }
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = obj.get("messages").cloned().unwrap_or(Value::Null);
+            out.insert("messages".into(), messages);
+        }
+        Endpoint::Completion => {
+            let prompt = match obj.get("prompt") {
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].clone(),
+                Some(Value::Array(_)) => {
+                    return Err(invalid(
+                        "prompt must be a string or an array of one string (batches and \
+                         token-id prompts are not supported)"
+                            .into(),
+                    ))
+                }
+                Some(v) => v.clone(),
+                None => Value::Null,
+            };
+            out.insert("prompt".into(), prompt);
+        }
+    }
+    Ok((
+        out,
+        Options {
+            stream,
+            include_usage,
+        },
+    ))
+}
+
+/// The identity of one response (shared by its chunks).
+struct Reply {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+fn finish_reason(r: FinishReason) -> Value {
+    serde_json::to_value(r).unwrap_or(Value::Null)
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+    })
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("id".into(), json!(self.id));
+        m.insert("object".into(), json!(self.object(chunk)));
+        m.insert("created".into(), json!(self.created));
+        m.insert("model".into(), json!(self.model));
+        m.insert("choices".into(), choices);
+        m
+    }
+
+    /// One streamed choice: `delta` (chat) or `text` (completion).
+    fn chunk(&self, delta: Value, text: &str, finish: Value) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+            }
+            Endpoint::Completion => {
+                json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish })
+            }
+        };
+        Value::Object(self.envelope(true, json!([choice])))
+    }
+}
+
+fn sse_line(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+const DONE_LINE: &[u8] = b"data: [DONE]\n\n";
+
+/// The state of one SSE stream.
+struct Sse {
+    reply: Reply,
+    tracked: Tracked,
+    rx: EventReceiver,
+    first: Option<StreamEvent>,
+    include_usage: bool,
+    queue: VecDeque<Bytes>,
+    finished: bool,
+}
+
+impl Sse {
+    /// Turns one event into SSE lines.
+    fn push(&mut self, event: StreamEvent) {
+        if self.tracked.observe(&event) {
+            self.finished = true;
+        }
+        let r = &self.reply;
+        match event {
+            StreamEvent::Started { .. } => {
+                if r.endpoint == Endpoint::Chat {
+                    let c = r.chunk(json!({"role": "assistant", "content": ""}), "", Value::Null);
+                    self.queue.push_back(sse_line(&c));
+                }
+            }
+            StreamEvent::Delta { text, .. } => {
+                if !text.is_empty() {
+                    let c = r.chunk(json!({ "content": text }), &text, Value::Null);
+                    self.queue.push_back(sse_line(&c));
+                }
+            }
+            StreamEvent::Done {
+                finish_reason: reason,
+                usage,
+                ..
+            } => {
+                let c = r.chunk(json!({}), "", finish_reason(reason));
+                self.queue.push_back(sse_line(&c));
+                if self.include_usage {
+                    let mut u = r.envelope(true, json!([]));
+                    u.insert("usage".into(), usage_json(&usage));
+                    self.queue.push_back(sse_line(&Value::Object(u)));
+                }
+                self.queue.push_back(Bytes::from_static(DONE_LINE));
+            }
+            StreamEvent::Error(e) => {
+                let (_, kind) = http::status_of(e.kind);
+                let err = json!({"error": {
+                    "message": e.message, "type": kind, "param": null, "code": e.kind.as_str()
+                }});
+                self.queue.push_back(sse_line(&err));
+                self.queue.push_back(Bytes::from_static(DONE_LINE));
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.queue.pop_front() {
+                return Some(b);
+            }
+            if self.finished {
+                return None;
+            }
+            let event = match self.first.take() {
+                Some(e) => e,
+                None => match self.rx.recv().await {
+                    Some(e) => e,
+                    // The engine dropped the channel without a final event: say so.
+                    None => StreamEvent::Error(InferError::internal(
+                        "the request ended without a result",
+                    )),
+                },
+            };
+            self.push(event);
+        }
+    }
+}
+
+/// A `text/event-stream` response; dropping it (the client disconnected) cancels the
+/// request through its [`Tracked`] guard.
+fn sse(
+    reply: Reply,
+    tracked: Tracked,
+    rx: EventReceiver,
+    first: Option<StreamEvent>,
+    include_usage: bool,
+) -> Response<Body> {
+    let state = Sse {
+        reply,
+        tracked,
+        rx,
+        first,
+        include_usage,
+        queue: VecDeque::new(),
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        s.next()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(Frame::data(b)), s))
+    });
+    let body: FrameStream = Box::pin(stream);
+    let mut r = Response::new(Either::Right(StreamBody::new(body)));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Waits for the whole completion (a client that disconnects meanwhile drops this
+/// future, and with it the [`Tracked`] guard, which cancels the request).
+async fn collect(
+    reply: Reply,
+    mut tracked: Tracked,
+    mut rx: EventReceiver,
+) -> Result<Response<Body>, Refusal> {
+    let mut text = String::new();
+    loop {
+        let event = rx.recv().await.unwrap_or_else(|| {
+            StreamEvent::Error(InferError::internal("the request ended without a result"))
+        });
+        tracked.observe(&event);
+        match event {
+            StreamEvent::Started { .. } => {}
+            StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::Error(e) => return Err(e.into()),
+            StreamEvent::Done {
+                finish_reason: reason,
+                usage,
+                ..
+            } => {
+                let choice = match reply.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": 0,
+                        "message": { "role": "assistant", "content": text },
+                        "logprobs": null,
+                        "finish_reason": finish_reason(reason),
+                    }),
+                    Endpoint::Completion => json!({
+                        "index": 0,
+                        "text": text,
+                        "logprobs": null,
+                        "finish_reason": finish_reason(reason),
+                    }),
+                };
+                let mut body = reply.envelope(false, json!([choice]));
+                body.insert("usage".into(), usage_json(&usage));
+                return Ok(http::json(StatusCode::OK, &Value::Object(body)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tr(body: Value, ep: Endpoint) -> Result<(Map<String, Value>, Options), String> {
+        let Value::Object(obj) = body else {
+            panic!("object")
+        };
+        translate(&obj, ep, "m", "x").map_err(|Refusal(r)| r.status().to_string())
+    }
+
+    #[test]
+    fn chat_fields_map_onto_generate() {
+        let (g, o) = tr(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "max_completion_tokens": 5, "max_tokens": 9, "temperature": 0,
+                   "stream": true, "stream_options": {"include_usage": true}, "n": 1,
+                   "top_k": 3, "presence_penalty": 0, "user": "u"}),
+            Endpoint::Chat,
+        )
+        .expect("valid");
+        assert_eq!(g["max_tokens"], json!(5));
+        assert_eq!(g["temperature"], json!(0));
+        assert_eq!(g["top_k"], json!(3));
+        assert_eq!(g["type"], json!("generate"));
+        assert_eq!(g["id"], json!("x"));
+        assert!(g.get("model").is_none() && g.get("user").is_none());
+        assert!(o.stream && o.include_usage);
+    }
+
+    #[test]
+    fn unsupported_values_unknown_fields_and_other_models_are_refused() {
+        let chat = |extra: Value| {
+            let mut b = json!({"messages": []});
+            for (k, v) in extra.as_object().expect("object") {
+                b[k] = v.clone();
+            }
+            tr(b, Endpoint::Chat).err()
+        };
+        assert_eq!(chat(json!({"n": 2})).as_deref(), Some("400 Bad Request"));
+        assert_eq!(
+            chat(json!({"presence_penalty": 0.5})).as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            chat(json!({"logit_bias": {"1": 5}})).as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            chat(json!({"prompt": "x"})).as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            chat(json!({"stream": "yes"})).as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            chat(json!({"model": "gpt-4"})).as_deref(),
+            Some("404 Not Found")
+        );
+        assert_eq!(chat(json!({"n": null, "logit_bias": {}})), None);
+        let (g, o) = tr(json!({"prompt": ["once"]}), Endpoint::Completion).expect("valid");
+        assert_eq!(g["prompt"], json!("once"));
+        assert!(!o.stream);
+        assert_eq!(
+            tr(json!({"prompt": [1, 2]}), Endpoint::Completion)
+                .err()
+                .as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            tr(json!({"prompt": "x", "echo": true}), Endpoint::Completion)
+                .err()
+                .as_deref(),
+            Some("400 Bad Request")
+        );
+    }
+}
