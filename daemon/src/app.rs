@@ -428,7 +428,6 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            tracing::warn!("second signal: cancelling the running requests now");
         };
         state.drain(grace, hurry).await;
         let _ = server.await;

@@ -16,6 +16,7 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
+use crate::error::ErrorKind;
 use crate::scheduler::EngineStats;
 
 /// Histogram buckets for time to first token and end-to-end latency, seconds.
@@ -64,6 +65,29 @@ fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c:
 
 impl Metrics {
     fn new() -> Result<Self, prometheus::Error> {
+        let m = Self::define()?;
+        // Every label value exists from the start, at zero, so that rates and alerts
+        // work before the first occurrence.
+        for reason in ["stop", "length", "cancelled", "error"] {
+            m.requests.with_label_values(&[reason]);
+        }
+        for kind in [
+            ErrorKind::Validation,
+            ErrorKind::ContextLengthExceeded,
+            ErrorKind::Overloaded,
+            ErrorKind::PluginTrap,
+            ErrorKind::Cancelled,
+            ErrorKind::Internal,
+        ] {
+            m.request_errors.with_label_values(&[kind.as_str()]);
+        }
+        for tier in ["memory", "disk"] {
+            m.prefix_hit_tokens.with_label_values(&[tier]);
+        }
+        Ok(m)
+    }
+
+    fn define() -> Result<Self, prometheus::Error> {
         let r = Registry::new_custom(Some("inferd".into()), None)?;
         let hist = |name: &str, help: &str, buckets: &[f64]| {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))

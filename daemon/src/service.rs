@@ -28,9 +28,14 @@ pub fn ready(text: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(text)]);
 }
 
-/// `RELOADING=1`: a configuration reload has begun (end it with [`ready`]).
+/// `RELOADING=1` with `MONOTONIC_USEC=` (systemd 253+ matches the two to the reload it
+/// started; older ones ignore the field): a configuration reload has begun (end it with
+/// [`ready`]).
 pub fn reloading() {
-    send(&[NotifyState::Reloading]);
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
 }
 
 /// `STOPPING=1`: shutdown has begun.

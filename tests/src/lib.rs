@@ -99,13 +99,58 @@ impl Daemon {
         Self::start_args(&[], &[])
     }
 
-    /// Starts with extra CLI arguments and environment variables.
+    /// Starts with extra CLI arguments and environment variables, and waits until the
+    /// model is loaded and the daemon serves (`inferd: listening on ws://...`).
     pub fn start_args(args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn(None, args, env, false)
+    }
+
+    /// Like [`Daemon::start_args`] with another config file than `configs/test.toml`.
+    pub fn start_config(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn(Some(config), args, env, false)
+    }
+
+    /// Like [`Daemon::start_args`] but returns as soon as the listener is bound
+    /// (`inferd: bound to ADDR, loading`), while the model still loads.
+    pub fn start_bound(args: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn(None, args, env, true)
+    }
+
+    /// `127.0.0.1:PORT` of the listener.
+    pub fn addr(&self) -> String {
+        self.url
+            .trim_start_matches("ws://")
+            .trim_end_matches("/v1/ws")
+            .to_string()
+    }
+
+    /// One HTTP/1.1 request to this daemon (see [`http`]).
+    pub fn http(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Result<HttpResponse> {
+        http(&self.addr(), method, path, headers, body)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn spawn(
+        config: Option<&Path>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        bound_only: bool,
+    ) -> Result<Self> {
         let root = workspace_root();
         let mut cmd = Command::new(inferd_binary());
         cmd.arg("serve")
             .arg("--config")
-            .arg(root.join("configs/test.toml"))
+            .arg(config.map_or_else(|| root.join("configs/test.toml"), Path::to_path_buf))
             .arg("--model")
             .arg(model_path())
             .arg("--listen")
@@ -144,7 +189,14 @@ impl Daemon {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(url) = line.strip_prefix("inferd: listening on ") {
-                    let _ = tx.send(url.trim().to_string());
+                    if !bound_only {
+                        let _ = tx.send(url.trim().to_string());
+                    }
+                } else if let Some(rest) = line.strip_prefix("inferd: bound to ") {
+                    if bound_only {
+                        let addr = rest.split(',').next().unwrap_or_default().trim();
+                        let _ = tx.send(format!("ws://{addr}/v1/ws"));
+                    }
                 }
             }
         });
@@ -245,6 +297,23 @@ impl Client {
     /// Connects to `url`.
     pub async fn connect(url: &str) -> Result<Self> {
         let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .context("connect")?;
+        Ok(Self { ws })
+    }
+
+    /// Connects to `url` with extra handshake headers (e.g. `Authorization`).
+    pub async fn connect_with_headers(url: &str, headers: &[(&str, &str)]) -> Result<Self> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+        let mut req = url.into_client_request().context("request")?;
+        for (k, v) in headers {
+            req.headers_mut().insert(
+                HeaderName::from_bytes(k.as_bytes())?,
+                HeaderValue::from_str(v)?,
+            );
+        }
+        let (ws, _) = tokio_tungstenite::connect_async(req)
             .await
             .context("connect")?;
         Ok(Self { ws })
@@ -385,6 +454,174 @@ impl Generation {
             .as_ref()
             .and_then(|e| e["error"]["type"].as_str())
     }
+}
+
+/// A whole HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body (de-chunked), as text.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The body as JSON.
+    ///
+    /// # Panics
+    /// When it is not JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The JSON payloads of a server-sent-event body's `data:` lines, in order
+    /// (`[DONE]` as the string `"[DONE]"`).
+    pub fn sse_data(&self) -> Vec<Value> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.to_string())))
+            .collect()
+    }
+}
+
+/// Sends one HTTP/1.1 request to `addr` (`host:port`) with `Connection: close` and reads
+/// the whole response (120 s timeout).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Result<HttpResponse> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body.unwrap_or_default());
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    parse_response(&raw)
+}
+
+/// Parses a whole HTTP/1.1 response (`Content-Length`, chunked, or read to close).
+pub fn parse_response(raw: &[u8]) -> Result<HttpResponse> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no end of headers in {text:?}"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked {
+        let mut out = String::new();
+        let mut rest = rest;
+        loop {
+            let (size, after) = rest
+                .split_once("\r\n")
+                .ok_or_else(|| anyhow!("truncated chunked body"))?;
+            let n = usize::from_str_radix(size.trim(), 16)
+                .map_err(|_| anyhow!("bad chunk size {size:?}"))?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(after.get(..n).ok_or_else(|| anyhow!("truncated chunk"))?);
+            rest = after.get(n + 2..).unwrap_or_default();
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// The Python interpreter with the `openai` and `prometheus_client` packages:
+/// `$INFERD_TEST_PYTHON`, or `target/pyenv/bin/python` (made by `scripts/test.sh`).
+///
+/// # Panics
+/// When neither exists.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("INFERD_TEST_PYTHON").map_or_else(
+        || workspace_root().join("target/pyenv/bin/python"),
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "{} not found: run scripts/test.sh (it makes target/pyenv with the openai and \
+         prometheus_client packages) or set INFERD_TEST_PYTHON",
+        p.display()
+    );
+    p
+}
+
+/// Runs `tests/python/<script>` with `args`; returns its stdout parsed as JSON.
+///
+/// # Errors
+/// The script failed or printed no JSON (its stderr is in the message).
+pub fn run_python(script: &str, args: &[&str], stdin: Option<&str>) -> Result<Value> {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .arg(workspace_root().join("tests/python").join(script))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawning python")?;
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin.unwrap_or_default().as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{script} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "{script} printed no JSON: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// Token ids of a JSON array.

@@ -19,6 +19,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Default endpoint of a local daemon.
@@ -33,6 +35,9 @@ struct Cli {
     /// WebSocket endpoint of the daemon.
     #[arg(long, global = true, env = "INFERD_URL", default_value = DEFAULT_URL)]
     url: String,
+    /// The daemon's `server.api_key`, sent as `Authorization: Bearer KEY`.
+    #[arg(long, global = true, env = "INFERD_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -226,9 +231,26 @@ fn count(frame: &Value, pointer: &str) -> u64 {
 async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result<Outcome> {
     let (frame, options) = generate_frame(&cli.command);
     let raw = options.raw;
-    let (ws, _) = tokio_tungstenite::connect_async(cli.url.as_str())
+    let mut request = cli
+        .url
+        .as_str()
+        .into_client_request()
+        .with_context(|| format!("--url {}", cli.url))?;
+    if let Some(key) = &cli.api_key {
+        let value = HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| anyhow!("--api-key must be printable ASCII"))?;
+        request.headers_mut().insert("authorization", value);
+    }
+    let (ws, _) = tokio_tungstenite::connect_async(request)
         .await
-        .map_err(|e| anyhow!("cannot connect to {}: is inferd running? ({e})", cli.url))?;
+        .map_err(|e| match e {
+            tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => anyhow!(
+                "{} refused the API key (HTTP 401): pass the daemon's server.api_key with \
+                 --api-key or INFERD_API_KEY",
+                cli.url
+            ),
+            e => anyhow!("cannot connect to {}: is inferd running? ({e})", cli.url),
+        })?;
     let (mut sink, mut stream) = ws.split();
     sink.send(Message::text(frame.to_string()))
         .await

@@ -84,9 +84,10 @@ pub fn status_of(kind: ErrorKind) -> (StatusCode, &'static str) {
         // A client closing its connection never reads this; a drain that cancels a
         // request before it starts does.
         ErrorKind::Cancelled => (StatusCode::SERVICE_UNAVAILABLE, "cancelled"),
-        ErrorKind::PluginTrap | ErrorKind::Internal => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
-        }
+        // The plugin the request named failed (trap, deadline, limit, bad answer): a
+        // client error that retrying would repeat (OpenAI clients retry 5xx).
+        ErrorKind::PluginTrap => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_error"),
+        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
     }
 }
 
@@ -114,7 +115,7 @@ pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
             _ => method_not_allowed("GET"),
         },
         "/metrics" => match method {
-            Method::GET => metrics_page(&state).await,
+            Method::GET | Method::HEAD => metrics_page(&state).await,
             _ => method_not_allowed("GET"),
         },
         p if p.starts_with("/v1/") => v1(req, &state, &method, p).await,
@@ -204,7 +205,7 @@ async fn v1(
     };
     match (path, method) {
         (WS_PATH, &Method::GET) => ws_upgrade(req, state, &engine),
-        ("/v1/models", &Method::GET) => models(&engine),
+        ("/v1/models", &Method::GET | &Method::HEAD) => models(&engine),
         ("/v1/chat/completions", &Method::POST) => {
             openai::generate(req, state, &engine, openai::Endpoint::Chat).await
         }

@@ -165,15 +165,15 @@ impl State {
                 grace_s = grace.as_secs_f64(),
                 "draining: waiting for running requests to finish"
             );
-            let finished = tokio::select! {
-                () = self.tracker.wait_empty() => true,
-                () = tokio::time::sleep(grace) => false,
-                () = hurry => false,
+            let why = tokio::select! {
+                () = self.tracker.wait_empty() => None,
+                () = tokio::time::sleep(grace) => Some("the shutdown grace period is over"),
+                () = hurry => Some("a second signal arrived"),
             };
-            if !finished {
+            if let Some(why) = why {
                 tracing::warn!(
                     requests = self.tracker.len(),
-                    "shutdown grace period over: cancelling the requests still running"
+                    "{why}: cancelling the requests still running"
                 );
                 if let Some(engine) = self.engine() {
                     self.tracker.cancel_all(&engine.scheduler);
