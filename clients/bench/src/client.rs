@@ -33,6 +33,8 @@ pub struct Trace {
     pub finish_reason: String,
     /// `usage.cached_tokens` of the `done` frame.
     pub usage_cached_tokens: Option<u64>,
+    /// The deltas' text, concatenated.
+    pub text: String,
 }
 
 impl Conn {
@@ -169,6 +171,7 @@ impl Conn {
             cached_tokens: 0,
             finish_reason: String::new(),
             usage_cached_tokens: None,
+            text: String::new(),
         };
         loop {
             let (at, frame) = self.reply_for(id, timeout).await?;
@@ -179,6 +182,9 @@ impl Conn {
                     trace.cached_tokens = frame["cached_tokens"].as_u64().unwrap_or(0);
                 }
                 "delta" => {
+                    trace
+                        .text
+                        .push_str(frame["text"].as_str().unwrap_or_default());
                     let n = frame["token_ids"].as_array().map_or(0, Vec::len);
                     if n > 0 {
                         trace.timing.arrivals.push((t, n));
