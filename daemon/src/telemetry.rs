@@ -12,7 +12,23 @@ use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
 /// The handle that swaps the filter; set when `log.level` (not `RUST_LOG`) governs.
 static LEVEL: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
+/// Level names a bare directive may be.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Parses `log.level`. Stricter than `EnvFilter` itself, which reads a bare word that is
+/// not a level (`"loud"`, `"warning"`) as a target name and so silently turns every
+/// other log line off: a bare directive must be a level; targets need `TARGET=LEVEL`.
 fn filter(level: &str) -> Result<EnvFilter, String> {
+    for d in level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !d.contains('=') && !d.contains('[') && !LEVELS.iter().any(|l| d.eq_ignore_ascii_case(l))
+        {
+            return Err(format!(
+                "log.level = \"{level}\": {d:?} is neither a level ({}) nor a \
+                 TARGET=LEVEL directive",
+                LEVELS.join(", ")
+            ));
+        }
+    }
     EnvFilter::try_new(level).map_err(|e| format!("log.level = \"{level}\": {e}"))
 }
 
@@ -69,5 +85,30 @@ pub fn set_level(level: &str) -> Result<bool, String> {
             .map(|()| true)
             .map_err(|e| format!("log.level: {e}")),
         None => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_word_that_is_no_level_is_refused() {
+        for ok in [
+            "info",
+            "WARN",
+            "info,inferd=debug",
+            "off",
+            "inferd::server=trace",
+        ] {
+            assert!(check_level(ok).is_ok(), "{ok}");
+        }
+        let e = check_level("loud").expect_err("not a level");
+        assert!(
+            e.starts_with("log.level = \"loud\": \"loud\" is neither a level"),
+            "{e}"
+        );
+        assert!(check_level("info,warning").is_err());
+        assert!(check_level("info,foo=bar=baz").is_err());
     }
 }

@@ -127,6 +127,11 @@ fn ready_flips_from_503_to_200_while_health_answers() {
     let models = d.http("GET", "/v1/models", &[], None).expect("models");
     assert_eq!(models.status, 200);
     assert_eq!(models.json()["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    let one = d
+        .http("GET", "/v1/models/SmolLM2-135M-Instruct.Q4_1", &[], None)
+        .expect("model");
+    assert_eq!(one.status, 200);
+    assert_eq!(one.json(), models.json()["data"][0]);
 }
 
 #[test]
@@ -231,6 +236,12 @@ async fn api_key_guards_v1_and_the_websocket_but_not_the_probes() {
         .as_str()
         .is_some_and(|m| m.contains("missing API key")));
     assert_eq!(right.status, 200, "{}", right.body);
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    let lower = format!("bearer {KEY}");
+    let r = d
+        .http("GET", "/v1/models", &[("Authorization", &lower)], None)
+        .expect("http");
+    assert_eq!(r.status, 200, "{}", r.body);
     for probe in ["/health", "/ready", "/metrics"] {
         assert_eq!(d.http("GET", probe, &[], None).expect("probe").status, 200);
     }
@@ -268,7 +279,7 @@ async fn api_key_guards_v1_and_the_websocket_but_not_the_probes() {
     assert!(!without.status.success());
     let stderr = String::from_utf8_lossy(&without.stderr);
     assert!(
-        stderr.contains("refused the API key (HTTP 401)") && stderr.contains("--api-key"),
+        stderr.contains("requires an API key (HTTP 401)") && stderr.contains("--api-key"),
         "{stderr}"
     );
 }
@@ -403,6 +414,11 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
         );
         assert!(body["error"]["type"].is_string() && body["error"]["param"].is_null());
     }
+    let delete = d.http("DELETE", "/v1/models", &[], None).expect("http");
+    assert_eq!(
+        (delete.status, delete.header("allow")),
+        (405, Some("GET, HEAD"))
+    );
     let ok = chat(json!({"temperature": 0}));
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(ok.json()["choices"][0]["finish_reason"], "length");
@@ -444,4 +460,27 @@ fn a_client_that_disconnects_cancels_its_request() {
         sample(m, "inferd_requests_total{finish_reason=cancelled}") == 2.0
             && sample(m, "inferd_requests_running") == 0.0
     });
+    // A WebSocket connection that closes counts the same way: cancelled, no tokens.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut ws = rt.block_on(d.connect()).expect("ws");
+    rt.block_on(ws.send(
+        &json!({"type": "generate", "id": "w", "prompt": "Once upon a time",
+                                "max_tokens": 4000, "temperature": 0}),
+    ))
+    .expect("send");
+    wait_metrics(&d, |m| sample(m, "inferd_requests_running") == 1.0);
+    drop(ws);
+    let m = wait_metrics(&d, |m| {
+        sample(m, "inferd_requests_total{finish_reason=cancelled}") == 3.0
+            && sample(m, "inferd_requests_running") == 0.0
+    });
+    assert_eq!(sample(&m, "inferd_generation_tokens_total"), 0.0, "{m}");
+    assert_eq!(
+        sample(&m, "inferd_e2e_request_latency_seconds_count"),
+        0.0,
+        "{m}"
+    );
 }

@@ -245,9 +245,14 @@ async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result<Out
         .await
         .map_err(|e| match e {
             tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => anyhow!(
-                "{} refused the API key (HTTP 401): pass the daemon's server.api_key with \
-                 --api-key or INFERD_API_KEY",
-                cli.url
+                "{} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
+                 INFERD_API_KEY",
+                cli.url,
+                if cli.api_key.is_some() {
+                    "refused the API key"
+                } else {
+                    "requires an API key"
+                }
             ),
             e => anyhow!("cannot connect to {}: is inferd running? ({e})", cli.url),
         })?;

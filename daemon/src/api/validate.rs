@@ -518,10 +518,16 @@ fn parse_sampling(
             let (p, text) = number("top_p", v)?;
             let p32 = p as f32;
             // Checked on the f32 too: 1e-300 > 0 but rounds to 0.0f32.
-            let in_range = p > 0.0 && p <= 1.0 && p32 > 0.0;
-            if !in_range {
+            if !(p > 0.0 && p <= 1.0) {
                 return Err(InferError::validation(format!(
                     "top_p must be in (0, 1] (got {text})"
+                )));
+            }
+            if p32 <= 0.0 {
+                return Err(InferError::validation(format!(
+                    "top_p must be at least {:e}, the smallest positive 32-bit float \
+                     (got {text})",
+                    f32::from_bits(1)
                 )));
             }
             p32.min(1.0)

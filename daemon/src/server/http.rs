@@ -104,7 +104,7 @@ pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
     match path.as_str() {
         "/health" => match method {
             Method::GET | Method::HEAD => text(StatusCode::OK, "ok\n"),
-            _ => method_not_allowed("GET"),
+            _ => method_not_allowed("GET, HEAD"),
         },
         "/ready" => match method {
             Method::GET | Method::HEAD if state.is_ready() => text(StatusCode::OK, "ready\n"),
@@ -112,11 +112,11 @@ pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
                 text(StatusCode::SERVICE_UNAVAILABLE, "loading\n")
             }
             Method::GET | Method::HEAD => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
-            _ => method_not_allowed("GET"),
+            _ => method_not_allowed("GET, HEAD"),
         },
         "/metrics" => match method {
             Method::GET | Method::HEAD => metrics_page(&state).await,
-            _ => method_not_allowed("GET"),
+            _ => method_not_allowed("GET, HEAD"),
         },
         p if p.starts_with("/v1/") => v1(req, &state, &method, p).await,
         _ => error(
@@ -163,7 +163,9 @@ fn authorized(req: &Request<Incoming>, key: &str) -> bool {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token)
     else {
         return false;
     };
@@ -212,7 +214,12 @@ async fn v1(
         ("/v1/completions", &Method::POST) => {
             openai::generate(req, state, &engine, openai::Endpoint::Completion).await
         }
-        (WS_PATH | "/v1/models", _) => method_not_allowed("GET"),
+        (p, &Method::GET | &Method::HEAD) if p.starts_with("/v1/models/") => {
+            model(&engine, &p["/v1/models/".len()..])
+        }
+        (WS_PATH, _) => method_not_allowed("GET"),
+        ("/v1/models", _) => method_not_allowed("GET, HEAD"),
+        (p, _) if p.starts_with("/v1/models/") => method_not_allowed("GET, HEAD"),
         ("/v1/chat/completions" | "/v1/completions", _) => method_not_allowed("POST"),
         _ => error(
             StatusCode::NOT_FOUND,
@@ -226,19 +233,37 @@ async fn v1(
     }
 }
 
+fn model_object(engine: &Engine) -> serde_json::Value {
+    serde_json::json!({
+        "id": engine.model_id,
+        "object": "model",
+        "created": engine.created,
+        "owned_by": "inferd",
+    })
+}
+
 fn models(engine: &Engine) -> Response<Body> {
     json(
         StatusCode::OK,
-        &serde_json::json!({
-            "object": "list",
-            "data": [{
-                "id": engine.model_id,
-                "object": "model",
-                "created": engine.created,
-                "owned_by": "inferd",
-            }],
-        }),
+        &serde_json::json!({ "object": "list", "data": [model_object(engine)] }),
     )
+}
+
+/// `GET /v1/models/{id}` (the `openai` package's `models.retrieve`).
+fn model(engine: &Engine, id: &str) -> Response<Body> {
+    if id == engine.model_id {
+        json(StatusCode::OK, &model_object(engine))
+    } else {
+        error(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "model_not_found",
+            &format!(
+                "the model {id:?} does not exist; this daemon serves {:?}",
+                engine.model_id
+            ),
+        )
+    }
 }
 
 fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {

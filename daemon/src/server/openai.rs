@@ -25,6 +25,10 @@ use crate::api::validate::parse_generate_object;
 use crate::error::InferError;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
 
+/// Longest wait for a request body to arrive, as for its headers (hyper's
+/// `header_read_timeout`), so half-sent requests cannot hold connections open.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -128,8 +132,16 @@ async fn try_generate(
         rand::random::<u64>()
     );
     let (generate, options) = translate(&obj, endpoint, &engine.model_id, &id)?;
-    let request =
-        parse_generate_object(&generate, id.clone(), &engine.defaults, engine.vocab_size)?;
+    let request = parse_generate_object(&generate, id.clone(), &engine.defaults, engine.vocab_size)
+        .map_err(|mut e| {
+            // The value came from max_completion_tokens: name that field.
+            if given(&obj, "max_completion_tokens").is_some() {
+                if let Some(rest) = e.message.strip_prefix("max_tokens ") {
+                    e.message = format!("max_completion_tokens {rest}");
+                }
+            }
+            e
+        })?;
     let (tracked, mut rx) = state.start_request(engine, request)?;
     let reply = Reply {
         endpoint,
@@ -171,10 +183,23 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusa
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(invalid(format!("could not read the request body: {e}"))),
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        Limited::new(req.into_body(), limit).collect(),
+    );
+    match read.await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(invalid(format!("could not read the request body: {e}"))),
+        Err(_) => Err(Refusal(Box::new(http::error(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "timeout",
+            &format!(
+                "the request body did not arrive within {} s",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )))),
     }
 }
 

@@ -360,6 +360,11 @@ async fn forward_events(
 ) {
     let seq = tracked.seq();
     while let Some(ev) = events.recv().await {
+        if active.borrow().get(&id).is_none_or(|a| a.seq != seq) {
+            // The connection is gone (the session dropped its requests): like an HTTP
+            // client that disconnects, the request counts as cancelled, nothing more.
+            return;
+        }
         let last = tracked.observe(&ev);
         if last {
             let mut map = active.borrow_mut();
