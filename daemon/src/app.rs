@@ -327,9 +327,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
             plugin_setup.clone(),
         )
     });
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let created = crate::server::unix_now();
     Running {
         engine: Engine {
             tokenizer: tokenizer_addr,

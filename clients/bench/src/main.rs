@@ -249,35 +249,21 @@ fn main() -> Result<()> {
             ),
         );
     }
-    if cli.scenario == Scenario::Http {
-        return http::run(
-            &cli,
-            prefix::Setup {
-                root,
-                threads,
-                bin,
-                config,
-                model,
-                out,
-                out_dir,
-                env,
-            },
-        );
-    }
-    if cli.scenario == Scenario::Prefix {
-        return prefix::run(
-            &cli,
-            prefix::Setup {
-                root,
-                threads,
-                bin,
-                config,
-                model,
-                out,
-                out_dir,
-                env,
-            },
-        );
+    if cli.scenario != Scenario::Serve {
+        let setup = prefix::Setup {
+            root,
+            threads,
+            bin,
+            config,
+            model,
+            out,
+            out_dir,
+            env,
+        };
+        return match cli.scenario {
+            Scenario::Http => http::run(&cli, setup),
+            _ => prefix::run(&cli, setup),
+        };
     }
 
     eprintln!(

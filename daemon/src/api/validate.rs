@@ -768,7 +768,7 @@ fn unsigned(field: &str, v: &Value, min: u64, max: u64, max_label: &str) -> VRes
 }
 
 /// Compact JSON of a client value for an error message, cut to a readable length.
-fn quote(v: &Value) -> String {
+pub fn quote(v: &Value) -> String {
     shorten(v.to_string())
 }
 

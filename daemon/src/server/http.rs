@@ -119,16 +119,20 @@ pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
             _ => method_not_allowed("GET, HEAD"),
         },
         p if p.starts_with("/v1/") => v1(req, &state, &method, p).await,
-        _ => error(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            "not_found",
-            &format!(
-                "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
-                 /v1/models, {WS_PATH} (WebSocket), /health, /ready and /metrics"
-            ),
-        ),
+        _ => not_found(&path),
     }
+}
+
+fn not_found(path: &str) -> Response<Body> {
+    error(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "not_found",
+        &format!(
+            "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
+             /v1/models, {WS_PATH} (WebSocket), /health, /ready and /metrics"
+        ),
+    )
 }
 
 fn method_not_allowed(allow: &'static str) -> Response<Body> {
@@ -221,15 +225,7 @@ async fn v1(
         ("/v1/models", _) => method_not_allowed("GET, HEAD"),
         (p, _) if p.starts_with("/v1/models/") => method_not_allowed("GET, HEAD"),
         ("/v1/chat/completions" | "/v1/completions", _) => method_not_allowed("POST"),
-        _ => error(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            "not_found",
-            &format!(
-                "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
-                 /v1/models and {WS_PATH} (WebSocket)"
-            ),
-        ),
+        _ => not_found(path),
     }
 }
 

@@ -63,6 +63,13 @@ pub struct Engine {
     pub created: u64,
 }
 
+/// Seconds since the Unix epoch (OpenAI's `created` fields).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// What every connection shares: the engine once loaded, the API key, the requests in
 /// flight and the shutdown state.
 pub struct State {

@@ -20,8 +20,8 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::http::{self, Body, FrameStream};
-use super::{Engine, State, Tracked};
-use crate::api::validate::parse_generate_object;
+use super::{unix_now, Engine, State, Tracked};
+use crate::api::validate::{parse_generate_object, quote};
 use crate::error::InferError;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
 
@@ -203,24 +203,9 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusa
     }
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// Absent and `null` are the same.
 fn given<'a>(obj: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
     obj.get(field).filter(|v| !v.is_null())
-}
-
-fn quote(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 64 {
-        format!("{}...", s.chars().take(64).collect::<String>())
-    } else {
-        s
-    }
 }
 
 /// Translates an OpenAI request body into a protocol-v1 `generate` object.
