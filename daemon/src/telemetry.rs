@@ -37,6 +37,9 @@ fn filter(level: &str) -> Result<EnvFilter, String> {
 /// # Errors
 /// An invalid filter directive in `level`, naming it.
 pub fn init(level: &str) -> Result<(), String> {
+    // log.level is checked even when RUST_LOG overrides it, so a bad value never waits
+    // silently for the day RUST_LOG is unset.
+    check_level(level)?;
     let from_env = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => {
             Some(EnvFilter::try_new(&v).map_err(|e| format!("RUST_LOG = \"{v}\": {e}"))?)

@@ -523,11 +523,12 @@ fn parse_sampling(
                     "top_p must be in (0, 1] (got {text})"
                 )));
             }
-            if p32 <= 0.0 {
+            // The smallest positive f32; anything smaller would round to it or to 0.
+            let smallest = f64::from(f32::from_bits(1));
+            if p < smallest || p32 <= 0.0 {
                 return Err(InferError::validation(format!(
-                    "top_p must be at least {:e}, the smallest positive 32-bit float \
-                     (got {text})",
-                    f32::from_bits(1)
+                    "top_p must be at least {smallest:e}, the smallest positive 32-bit \
+                     float (got {text})"
                 )));
             }
             p32.min(1.0)

@@ -254,8 +254,12 @@ fn translate(
     }
     // Fields inferd does not implement: only their neutral values are accepted.
     let neutral: &[Neutral] = &[
-        ("n", |v| v.as_u64() == Some(1), "1 (one choice per request)"),
-        ("best_of", |v| v.as_u64() == Some(1), "1"),
+        (
+            "n",
+            |v| v.as_f64() == Some(1.0),
+            "1 (one choice per request)",
+        ),
+        ("best_of", |v| v.as_f64() == Some(1.0), "1"),
         (
             "presence_penalty",
             |v| v.as_f64() == Some(0.0),
@@ -315,6 +319,11 @@ fn translate(
     };
     let include_usage = match given(obj, "stream_options") {
         None => false,
+        Some(_) if !stream => {
+            return Err(invalid(
+                "stream_options is only allowed with stream: true".into(),
+            ))
+        }
         Some(Value::Object(o)) => {
             if let Some(k) = o.keys().find(|k| *k != "include_usage") {
                 return Err(invalid(format!(
@@ -660,6 +669,11 @@ mod tests {
             Some("404 Not Found")
         );
         assert_eq!(chat(json!({"n": null, "logit_bias": {}})), None);
+        assert_eq!(chat(json!({"n": 1.0})), None);
+        assert_eq!(
+            chat(json!({"stream_options": {"include_usage": true}})).as_deref(),
+            Some("400 Bad Request")
+        );
         let (g, o) = tr(json!({"prompt": ["once"]}), Endpoint::Completion).expect("valid");
         assert_eq!(g["prompt"], json!("once"));
         assert!(!o.stream);

@@ -536,7 +536,13 @@ fn top_p_bounds() {
     // Positive as f64 but zero as f32.
     invalid(
         generate(json!({"top_p": 1e-300})),
-        "top_p must be at least 1e-45, the smallest positive 32-bit float (got 1e-300)",
+        "top_p must be at least 1.401298464324817e-45, the smallest positive 32-bit float \
+         (got 1e-300)",
+    );
+    invalid(
+        generate(json!({"top_p": 9e-46})),
+        "top_p must be at least 1.401298464324817e-45, the smallest positive 32-bit float \
+         (got 9e-46)",
     );
     invalid(
         generate(json!({"top_p": [1]})),
