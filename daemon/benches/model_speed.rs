@@ -17,11 +17,13 @@ use common::{model_path, size};
 use std::time::Instant;
 
 use candle_core::Device;
-use inferd::model::{load_gguf, KvBlockPool, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use inferd::model::{
+    load, Kernels, KvBlockPool, LoadOptions, MatrixPolicy, Model, Quantize, SoloKv,
+};
 use inferd::model_runner::{BatchItem, ModelRunner, RunBatch};
 use inferd::request::SeqId;
 
-fn logits_of(model: &LlamaModel, cache: &mut SoloKv, tokens: &[u32]) -> Vec<f32> {
+fn logits_of(model: &Model, cache: &mut SoloKv, tokens: &[u32]) -> Vec<f32> {
     match model
         .forward(tokens, cache)
         .and_then(|t| t.to_vec1::<f32>())
@@ -122,14 +124,14 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
     (n * steps) as f64 / t.elapsed().as_secs_f64()
 }
 
-fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
+fn bench(policy: MatrixPolicy, name: &'static str) -> Row {
     let (prompt_tokens, decode_tokens, repeats) = sizes();
     let t0 = Instant::now();
-    let loaded = load_gguf(
+    let loaded = load(
         &model_path(),
         &LoadOptions {
             device: Device::Cpu,
-            q4_1: policy,
+            matrices: policy,
         },
     )
     .expect("load model");
@@ -142,7 +144,7 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     let mut best_prefill = f64::MAX;
     let mut best_decode = f64::MAX;
     for _ in 0..repeats {
-        let mut cache = SoloKv::new(model.config(), model.device()).expect("KV cache");
+        let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("KV cache");
         let t = Instant::now();
         let logits = logits_of(&model, &mut cache, &prompt);
         best_prefill = best_prefill.min(t.elapsed().as_secs_f64());
@@ -158,7 +160,7 @@ fn bench(policy: Q4_1Policy, name: &'static str) -> Row {
     let mut batched = Vec::new();
     if max_n > 0 {
         let blocks = max_n * (32 + steps).div_ceil(16);
-        let pool = KvBlockPool::new(model.config(), 16, blocks, model.device()).expect("pool");
+        let pool = KvBlockPool::new(&model.kv_layout(), 16, blocks, model.device()).expect("pool");
         let mut runner = ModelRunner::new(model, pool);
         for &n in &sizes {
             batched.push((n, batched_decode(&mut runner, n, steps)));
@@ -185,9 +187,21 @@ fn main() {
     let mut rows = Vec::new();
     for name in wanted.split(',') {
         let (policy, label) = match name.trim() {
-            "native" => (Q4_1Policy::Native, "native (our Q4_1 kernel)"),
-            "requantize_q8_0" => (Q4_1Policy::RequantizeQ8_0, "requantize_q8_0"),
-            "candle" => (Q4_1Policy::CandlePortable, "candle portable Q4_1"),
+            "native" => (MatrixPolicy::default(), "native (our Q4_1 kernel)"),
+            "requantize_q8_0" => (
+                MatrixPolicy {
+                    kernels: Kernels::Native,
+                    quantize: Quantize::Q8_0,
+                },
+                "requantize_q8_0",
+            ),
+            "candle" => (
+                MatrixPolicy {
+                    kernels: Kernels::Candle,
+                    quantize: Quantize::None,
+                },
+                "candle portable Q4_1",
+            ),
             other => panic!("unknown policy {other}"),
         };
         rows.push(bench(policy, label));

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
-use inferd::model::{load_gguf, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use inferd::model::{load, LoadOptions, MatrixPolicy, Model, SoloKv};
 use inferd::request::PluginSpec;
 use inferd::sampling::argmax;
 use inferd::sampling::wasm_plugin::{
@@ -155,12 +155,12 @@ fn micro() -> Vec<MicroRow> {
 /// Greedy decode of `steps` tokens after `prompt`, with `chain` applied to each row.
 /// Returns the decode time (prefill excluded).
 fn decode(
-    model: &LlamaModel,
+    model: &Model,
     prompt: &[u32],
     steps: usize,
     mut chain: Option<&mut PluginChain>,
 ) -> Duration {
-    let mut cache = SoloKv::new(model.config(), model.device()).expect("KV cache");
+    let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("KV cache");
     let row = |cache: &mut SoloKv, t: &[u32]| -> Vec<f32> {
         model
             .forward(t, cache)
@@ -201,11 +201,11 @@ struct E2e {
 fn end_to_end() -> E2e {
     let steps = size("INFERD_BENCH_DECODE", 64);
     let rounds = size("INFERD_BENCH_REPEATS", 21).max(1);
-    let loaded = load_gguf(
+    let loaded = load(
         &model_path(),
         &LoadOptions {
             device: Device::Cpu,
-            q4_1: Q4_1Policy::Native,
+            matrices: MatrixPolicy::default(),
         },
     )
     .expect("load model");

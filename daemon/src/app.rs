@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{CliOverrides, ConfigError, Settings};
-use crate::model::{load_gguf, KvBlockPool, LoadOptions, KV_ELEMENT_BYTES};
+use crate::model::{KvBlockPool, LoadOptions, MatrixPolicy, ModelFormat};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
 use crate::prefix_store::{
     DiskCounters, DiskStore, FingerprintParts, Flush, ModelFingerprint, PersistSink,
@@ -117,11 +117,14 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
     tracing::info!(path = %settings.model.path.display(), ?device, "loading model");
     crate::service::status(&format!("loading model {}", settings.model.path.display()));
     let t0 = std::time::Instant::now();
-    let loaded = load_gguf(
+    let loaded = crate::model::load(
         &settings.model.path,
         &LoadOptions {
             device,
-            q4_1: settings.model.q4_1,
+            matrices: MatrixPolicy {
+                kernels: settings.model.kernels,
+                quantize: settings.model.quantize,
+            },
         },
     )
     .with_context(|| {
@@ -130,11 +133,18 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
             settings.model.path.display()
         )
     })?;
+    let tokenizer = match loaded.format {
+        ModelFormat::Gguf => TextTokenizer::from_gguf(&loaded.metadata),
+        ModelFormat::HfDir => anyhow::bail!(
+            "{}: Hugging Face directories load as models but their tokenizer is not wired yet",
+            loaded.path.display()
+        ),
+    };
     let tokenizer = Arc::new(
-        TextTokenizer::from_gguf(&loaded.metadata)
-            .with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,
+        tokenizer.with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,
     );
-    let cfg = loaded.model.config().clone();
+    let cfg = loaded.model.spec().clone();
+    let kv = loaded.model.kv_layout();
     if tokenizer.vocab_size() > cfg.vocab_size {
         anyhow::bail!(
             "tokenizer has {} tokens but the model's embedding has only {} rows",
@@ -155,15 +165,16 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         n => n,
     };
     tracing::info!(
-        architecture = %loaded.architecture,
+        architecture = cfg.architecture.name(),
+        format = ?loaded.format,
         layers = cfg.n_layer,
         vocab = cfg.vocab_size,
         context_length,
-        kv_bytes_per_token = cfg.kv_bytes_per_token(KV_ELEMENT_BYTES),
+        kv_bytes_per_token = kv.bytes_per_token(),
         load_ms = t0.elapsed().as_millis() as u64,
         "model loaded"
     );
-    let bytes_per_token = cfg.kv_bytes_per_token(KV_ELEMENT_BYTES);
+    let bytes_per_token = kv.bytes_per_token();
     let block_size = settings.scheduler.block_size;
     let num_blocks =
         (settings.scheduler.kv_cache_bytes / (bytes_per_token * block_size) as u64) as usize;
@@ -182,8 +193,12 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
     tracing::info!(
         kv_bytes_per_token = bytes_per_token,
         formula = format_args!(
-            "2 x {} layers x {} kv_heads x {} head_dim x {KV_ELEMENT_BYTES} bytes",
-            cfg.n_layer, cfg.n_kv_head, cfg.head_dim
+            "2 x {} layers x {} kv_heads x {} head_dim x {} bytes ({})",
+            kv.n_layer,
+            kv.n_kv_head,
+            kv.head_dim,
+            kv.dtype.bytes(),
+            kv.dtype.name()
         ),
         kv_cache_bytes = settings.scheduler.kv_cache_bytes,
         block_size,
@@ -191,7 +206,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         tokens = num_blocks * block_size,
         "KV cache budget"
     );
-    let pool = KvBlockPool::new(&cfg, block_size, num_blocks, loaded.model.device())
+    let pool = KvBlockPool::new(&kv, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
     crate::service::status("opening the prefix store");
     let prefix = open_prefix_store(settings, &cfg, &pool, loaded.model.device())?;
@@ -539,7 +554,7 @@ type DiskTier = (DiskStore, Arc<DiskCounters>);
 /// the daemon runs with the memory tier only.
 fn open_prefix_store(
     settings: &Settings,
-    cfg: &crate::model::LlamaConfig,
+    spec: &crate::model::ModelSpec,
     pool: &KvBlockPool,
     device: &candle_core::Device,
 ) -> anyhow::Result<Option<(ModelFingerprint, Option<DiskTier>)>> {
@@ -550,23 +565,11 @@ fn open_prefix_store(
     let started = std::time::Instant::now();
     let parts = FingerprintParts {
         format_version: crate::prefix_store::entry::FORMAT_VERSION,
-        architecture: format!(
-            "llama layers={} embd={} heads={} kv_heads={} head_dim={} rope_dim={} \
-             rope_theta={} rms_eps={} vocab={}",
-            cfg.n_layer,
-            cfg.n_embd,
-            cfg.n_head,
-            cfg.n_kv_head,
-            cfg.head_dim,
-            cfg.rope_dim,
-            cfg.rope_theta,
-            cfg.rms_eps,
-            cfg.vocab_size
-        ),
-        kv_dtype: "f16",
+        architecture: spec.fingerprint_text(),
+        kv_dtype: pool.dtype().name(),
         block_size: pool.block_size(),
         device: if device.is_cpu() { "cpu" } else { "cuda" },
-        weights_policy: format!("{:?}", settings.model.q4_1),
+        weights_policy: format!("{:?} {:?}", settings.model.kernels, settings.model.quantize),
     };
     let fingerprint = ModelFingerprint::compute(&settings.model.path, &parts)
         .with_context(|| format!("fingerprint of {}", settings.model.path.display()))?;

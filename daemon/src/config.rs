@@ -11,7 +11,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::api::SamplingDefaults;
-use crate::model::Q4_1Policy;
+use crate::model::{Kernels, Quantize};
 
 /// `[server]`: the listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,8 +60,10 @@ pub struct ModelConfig {
     /// CPU threads for the model math; 0 = one per available core.
     #[serde(deserialize_with = "whole_number")]
     pub threads: usize,
-    /// What to do with Q4_1 matrices (see [`Q4_1Policy`]).
-    pub q4_1: Q4_1Policy,
+    /// Which kernels run the weight matrices (see [`Kernels`]).
+    pub kernels: Kernels,
+    /// Re-quantization of the weights at load (see [`Quantize`]).
+    pub quantize: Quantize,
     /// Context window in tokens; 0 = the model's own (`llama.context_length`). A larger
     /// value than the model's is rejected.
     #[serde(deserialize_with = "whole_number")]
@@ -74,7 +76,8 @@ impl Default for ModelConfig {
             path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             device: "auto".into(),
             threads: 0,
-            q4_1: Q4_1Policy::Native,
+            kernels: Kernels::Native,
+            quantize: Quantize::None,
             context_length: 0,
         }
     }
@@ -910,7 +913,7 @@ mod tests {
                 .contains("sampling.min_p must be in [0, 1] (got 1.5)"),
             "{e}"
         );
-        let p = write("policy.toml", "[model]\nq4_1 = \"fast\"\n");
+        let p = write("policy.toml", "[model]\nkernels = \"fast\"\n");
         let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err("enum");
         assert!(e.to_string().contains("fast"), "{e}");
         let e = Settings::load(Some(Path::new("/no/such.toml")), &CliOverrides::default())

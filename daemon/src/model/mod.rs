@@ -1,45 +1,74 @@
-//! Pure candle model code: GGUF loading, architecture dispatch and the llama-family
-//! forward pass. The KV cache lives outside the weights, in a paged block pool
-//! ([`KvBlockPool`]) that the model runner owns and the scheduler's block manager
-//! allocates, so sequences can be batched, preempted and (later) share prefixes.
+//! Pure candle model code: weight sources (GGUF files, Hugging Face directories),
+//! architecture specs, the one decoder loop and its CPU and tensor backends, matrix
+//! kernels, and the paged KV pool. The KV cache lives outside the weights, in a
+//! [`KvBlockPool`] that the model runner owns and the scheduler's block manager
+//! allocates.
+//!
+//! Layout: `spec.rs` (what differs between architectures, as data), `source/` (GGUF and
+//! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type over
+//! the kernels `q4_1.rs`, `q8_0.rs` and candle's), `transformer.rs` (the decoder loop),
+//! `host.rs` / `ops.rs` (its backends), `rope.rs`, `moe.rs`, `kv_pool.rs`,
+//! `cpu_attention.rs`, `team.rs` (compute threads).
 
-mod gguf;
-mod llama;
-pub mod paged;
+pub mod cpu_attention;
+pub mod host;
+pub mod kv_pool;
+pub mod matrix;
+pub mod moe;
+pub mod ops;
 pub mod q4_1;
 pub mod q8_0;
+pub mod rope;
+pub mod source;
+pub mod spec;
 pub mod team;
+pub mod transformer;
+pub mod weights;
 
-pub use gguf::{load_gguf, LoadOptions, LoadedModel, Q4_1Policy};
-pub use llama::{LlamaConfig, LlamaModel};
-pub use paged::{ForwardSeq, KvBlockPool, SoloKv, KV_ELEMENT_BYTES};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-/// Errors while loading a model file. Start-up reports them and exits; they never panic.
+use candle_core::quantized::gguf_file::Value;
+use candle_core::{DType, Device};
+
+pub use kv_pool::{ForwardSeq, KvBlockPool, KvDtype, KvLayout, SoloKv};
+pub use matrix::{Kernels, MatrixPolicy, Quantize};
+pub use spec::{Architecture, ModelSpec};
+pub use transformer::Model;
+
+/// Errors while loading a model. Start-up reports them and exits; they never panic.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    /// The file could not be opened or read.
+    /// A file could not be opened or read.
     #[error("cannot read model file {path}: {source}")]
     Io {
-        /// The path given.
+        /// The path.
         path: String,
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The file is not a valid GGUF file (bad magic, truncated, inconsistent offsets).
-    #[error("model file {path} is not a valid GGUF file: {message}")]
+    /// The file is not valid (bad magic, truncated, inconsistent offsets, bad JSON).
+    #[error("model file {path} is not valid: {message}")]
     Corrupt {
-        /// The path given.
+        /// The path.
         path: String,
         /// What the parser found.
         message: String,
     },
-    /// `general.architecture` names an architecture this build does not implement.
-    #[error("unsupported model architecture `{0}` (general.architecture); supported: llama")]
-    UnsupportedArchitecture(String),
+    /// The architecture is not one this build implements.
+    #[error("unsupported model architecture {value} ({key}); supported: {supported}")]
+    UnsupportedArchitecture {
+        /// Where it was read (`general.architecture`, `config.json: architectures[0]`).
+        key: String,
+        /// The value, quoted.
+        value: String,
+        /// What is supported.
+        supported: String,
+    },
     /// A required metadata key is missing or has the wrong type.
-    #[error("GGUF metadata key `{key}`: {message}")]
+    #[error("model metadata `{key}`: {message}")]
     Metadata {
-        /// The metadata key.
+        /// The key.
         key: String,
         /// What is wrong with it.
         message: String,
@@ -67,4 +96,71 @@ pub fn candle_error_message(e: &candle_core::Error) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// Options for [`load`].
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Device for the weights.
+    pub device: Device,
+    /// Kernels and re-quantization.
+    pub matrices: MatrixPolicy,
+}
+
+/// The format a model was loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// A GGUF file.
+    Gguf,
+    /// A Hugging Face checkpoint directory.
+    HfDir,
+}
+
+/// A model loaded into memory.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// The model.
+    pub model: Model,
+    /// GGUF metadata (tokenizer keys included); empty for an HF directory.
+    pub metadata: HashMap<String, Value>,
+    /// The path given.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: ModelFormat,
+}
+
+/// Loads a GGUF file, or a Hugging Face directory (a path that is a directory).
+///
+/// # Errors
+/// [`ModelError`] for an unreadable or corrupt file, an unsupported architecture,
+/// missing or inconsistent metadata, or a missing or mis-shaped tensor.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    let device = &opts.device;
+    if path.is_dir() {
+        let mut src = source::hf::HfSource::open(path)?;
+        let spec = src.spec()?;
+        // An F32 checkpoint keeps exact f32 K/V on the host (transformers' numerics).
+        let kv = if src.dtype() == DType::F32 && device.is_cpu() {
+            KvDtype::F32
+        } else {
+            KvDtype::F16
+        };
+        let weights = weights::build(&mut src, &spec, opts.matrices, device)?;
+        return Ok(LoadedModel {
+            model: Model::new(spec, weights, kv, device)?,
+            metadata: HashMap::new(),
+            path: path.to_path_buf(),
+            format: ModelFormat::HfDir,
+        });
+    }
+    let mut src = source::gguf::GgufSource::open(path)?;
+    let spec = src.spec()?;
+    let weights = weights::build(&mut src, &spec, opts.matrices, device)?;
+    let metadata = src.metadata().clone();
+    Ok(LoadedModel {
+        model: Model::new(spec, weights, KvDtype::F16, device)?,
+        metadata,
+        path: path.to_path_buf(),
+        format: ModelFormat::Gguf,
+    })
 }

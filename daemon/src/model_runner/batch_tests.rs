@@ -6,7 +6,7 @@ use candle_core::Device;
 
 use super::parity_tests::{argmax, load};
 use super::runner::{BatchItem, ModelRunner, RunBatch};
-use crate::model::{ForwardSeq, KvBlockPool, LlamaModel, Q4_1Policy, SoloKv};
+use crate::model::{ForwardSeq, Kernels, KvBlockPool, MatrixPolicy, Model, Quantize, SoloKv};
 use crate::request::SeqId;
 
 const BLOCK: usize = 16;
@@ -25,8 +25,8 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 /// Solo run: prefill, then `steps` greedy decodes. Returns the logits after each.
-fn solo(model: &LlamaModel, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
-    let mut cache = SoloKv::new(model.config(), model.device()).expect("kv");
+fn solo(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
     let mut out = Vec::new();
     let mut next = prompt.to_vec();
     for _ in 0..=steps {
@@ -89,10 +89,10 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
 
 #[test]
 fn batched_logits_equal_solo_bit_for_bit() {
-    let model = load(Q4_1Policy::Native);
+    let model = load(MatrixPolicy::default());
     let prompts = prompts();
     let reference: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| solo(&model, p, 3)).collect();
-    let pool = KvBlockPool::new(model.config(), BLOCK, 64, &Device::Cpu).expect("pool");
+    let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 64, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let got = batched(&mut runner, &prompts, 3);
     for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
@@ -108,13 +108,13 @@ fn batched_logits_equal_solo_bit_for_bit() {
 
 #[test]
 fn chunked_prefill_mixed_with_decodes_equals_solo() {
-    let model = load(Q4_1Policy::Native);
+    let model = load(MatrixPolicy::default());
     let prompts = prompts();
     let long = &prompts[3]; // 40 tokens: chunks of 16, 16, 8
     let short = &prompts[0];
     let ref_long = solo(&model, long, 0);
     let ref_short = solo(&model, short, 3);
-    let pool = KvBlockPool::new(model.config(), BLOCK, 16, &Device::Cpu).expect("pool");
+    let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 16, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let (t_long, t_short) = (vec![9u32, 3, 12], vec![0u32, 15]);
     // Step 0: the short prompt whole + the long prompt's first chunk.
@@ -181,11 +181,11 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
 /// head mapping moves logits by far more and changes the tokens.
 #[test]
 fn tensor_attention_path_agrees_with_cpu_kernel() {
-    let model = load(Q4_1Policy::Native);
+    let model = load(MatrixPolicy::default());
     let prompts = prompts();
     let reference: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| solo(&model, p, 2)).collect();
     let pool =
-        KvBlockPool::new_tensor_backed(model.config(), BLOCK, 64, &Device::Cpu).expect("pool");
+        KvBlockPool::new_tensor_backed(&model.kv_layout(), BLOCK, 64, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let got = batched(&mut runner, &prompts, 2);
     let mut worst = 0f32;
@@ -206,8 +206,8 @@ fn tensor_attention_path_agrees_with_cpu_kernel() {
 
 #[test]
 fn bad_block_tables_are_errors_not_panics() {
-    let model = load(Q4_1Policy::Native);
-    let pool = KvBlockPool::new(model.config(), BLOCK, 4, &Device::Cpu).expect("pool");
+    let model = load(MatrixPolicy::default());
+    let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 4, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let item = |tokens: usize, table: Vec<u32>| BatchItem {
         seq: SeqId(1),
@@ -244,13 +244,19 @@ fn bad_block_tables_are_errors_not_panics() {
 /// decode step, under both Q4_1 policies that use our kernels or candle's.
 #[test]
 fn host_path_equals_tensor_ops_path_bit_for_bit() {
-    for policy in [Q4_1Policy::Native, Q4_1Policy::RequantizeQ8_0] {
+    for policy in [
+        MatrixPolicy::default(),
+        MatrixPolicy {
+            kernels: Kernels::Native,
+            quantize: Quantize::Q8_0,
+        },
+    ] {
         let model = load(policy);
         let prompts = prompts();
         let tables = tables(prompts.len(), 4, 64);
         let mut pools = [
-            KvBlockPool::new(model.config(), BLOCK, 64, &Device::Cpu).expect("pool"),
-            KvBlockPool::new(model.config(), BLOCK, 64, &Device::Cpu).expect("pool"),
+            KvBlockPool::new(&model.kv_layout(), BLOCK, 64, &Device::Cpu).expect("pool"),
+            KvBlockPool::new(&model.kv_layout(), BLOCK, 64, &Device::Cpu).expect("pool"),
         ];
         let mut next: Vec<Vec<u32>> = prompts.clone();
         let mut pos = vec![0usize; prompts.len()];
@@ -260,7 +266,7 @@ fn host_path_equals_tensor_ops_path_bit_for_bit() {
                     tokens: &next[i],
                     start_pos: pos[i],
                     block_table: &tables[i],
-                    want_logits: i != 1,
+                    logit_rows: usize::from(i != 1),
                 })
                 .collect();
             let [host_pool, ops_pool] = &mut pools;
@@ -272,7 +278,7 @@ fn host_path_equals_tensor_ops_path_bit_for_bit() {
                 .forward_batch_ops(&seqs, ops_pool)
                 .expect("ops")
                 .expect("logits");
-            assert_eq!(host.dims(), &[3, model.config().vocab_size]);
+            assert_eq!(host.dims(), &[3, model.spec().vocab_size]);
             let (h, o) = (
                 host.to_vec2::<f32>().expect("host"),
                 ops.to_vec2::<f32>().expect("ops"),

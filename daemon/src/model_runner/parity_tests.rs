@@ -3,15 +3,15 @@
 
 use candle_core::Device;
 
-use crate::model::{load_gguf, LlamaModel, LoadOptions, Q4_1Policy, SoloKv};
+use crate::model::{LoadOptions, MatrixPolicy, Model, SoloKv};
 use crate::test_support::{default_model_path, fixture_json};
 
-pub(super) fn load(policy: Q4_1Policy) -> LlamaModel {
+pub(super) fn load(policy: MatrixPolicy) -> Model {
     let opts = LoadOptions {
         device: Device::Cpu,
-        q4_1: policy,
+        matrices: policy,
     };
-    load_gguf(&default_model_path(), &opts)
+    crate::model::load(&default_model_path(), &opts)
         .expect("load default model")
         .model
 }
@@ -29,8 +29,8 @@ pub(super) fn argmax(v: &[f32]) -> u32 {
 /// Greedy generation of one sequence (stopping at the first divergence from
 /// `reference`). Returns our ids and, per step, `max logit − logit of the reference
 /// token` (0 where we agree).
-fn greedy(model: &LlamaModel, prompt: &[u32], reference: &[u32]) -> (Vec<u32>, Vec<f32>) {
-    let mut cache = SoloKv::new(model.config(), model.device()).expect("kv");
+fn greedy(model: &Model, prompt: &[u32], reference: &[u32]) -> (Vec<u32>, Vec<f32>) {
+    let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
     let mut out = Vec::new();
     let mut deficits = Vec::new();
     let mut next = prompt.to_vec();
@@ -93,7 +93,7 @@ fn cases() -> Vec<(String, Vec<u32>, Vec<u32>)> {
     cases
 }
 
-fn compare(policy: Q4_1Policy) -> Vec<Comparison> {
+fn compare(policy: MatrixPolicy) -> Vec<Comparison> {
     let model = load(policy);
     cases()
         .iter()
@@ -113,8 +113,8 @@ fn compare(policy: Q4_1Policy) -> Vec<Comparison> {
 /// Teacher-forced comparison: the model is fed llama.cpp's tokens, and at every
 /// position our logit of llama.cpp's token is compared with our top logit. Returns
 /// (positions where our argmax equals llama.cpp's token, positions, worst deficit).
-fn teacher_forced(model: &LlamaModel, prompt: &[u32], reference: &[u32]) -> (usize, usize, f32) {
-    let mut cache = SoloKv::new(model.config(), model.device()).expect("kv");
+fn teacher_forced(model: &Model, prompt: &[u32], reference: &[u32]) -> (usize, usize, f32) {
+    let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
     let mut next = prompt.to_vec();
     let (mut agree, mut worst) = (0, 0f32);
     for &want in reference {
@@ -142,7 +142,7 @@ fn teacher_forced(model: &LlamaModel, prompt: &[u32], reference: &[u32]) -> (usi
 ///   positions, and llama.cpp's token is never more than 0.35 below our top logit.
 #[test]
 fn greedy_ids_match_llama_cpp() {
-    let results = compare(Q4_1Policy::Native);
+    let results = compare(MatrixPolicy::default());
     let report: Vec<String> = results
         .iter()
         .map(|c| {
@@ -161,7 +161,7 @@ fn greedy_ids_match_llama_cpp() {
             assert!(d <= 0.35, "not a near tie: {report:#?}");
         }
     }
-    let model = load(Q4_1Policy::Native);
+    let model = load(MatrixPolicy::default());
     let (mut agree, mut total, mut worst) = (0, 0, 0f32);
     for (name, prompt, reference) in cases() {
         let (a, n, w) = teacher_forced(&model, &prompt, &reference);

@@ -2,7 +2,7 @@
 //! forward pass over every sequence in it.
 
 use crate::error::InferError;
-use crate::model::{ForwardSeq, KvBlockPool, LlamaModel};
+use crate::model::{ForwardSeq, KvBlockPool, Model};
 use crate::prefix_store::{BlockHash, PersistSink, StoreBlock};
 use crate::request::SeqId;
 
@@ -91,14 +91,14 @@ pub struct StepOutput {
 /// come with every batch, so freeing a sequence is the block manager's business.
 #[derive(Debug)]
 pub struct ModelRunner {
-    model: LlamaModel,
+    model: Model,
     pool: KvBlockPool,
     persist: Option<PersistSink>,
 }
 
 impl ModelRunner {
     /// Wraps a loaded model and its KV pool.
-    pub fn new(model: LlamaModel, pool: KvBlockPool) -> Self {
+    pub fn new(model: Model, pool: KvBlockPool) -> Self {
         Self {
             model,
             pool,
@@ -118,7 +118,7 @@ impl ModelRunner {
     }
 
     /// The model.
-    pub fn model(&self) -> &LlamaModel {
+    pub fn model(&self) -> &Model {
         &self.model
     }
 
@@ -154,7 +154,7 @@ impl ModelRunner {
                 tokens: &i.tokens,
                 start_pos: i.start_pos,
                 block_table: &i.block_table,
-                want_logits: i.want_logits,
+                logit_rows: usize::from(i.want_logits),
             })
             .collect();
         let result = self

@@ -68,8 +68,8 @@ pub struct FingerprintParts<'a> {
     /// Version of the cache entry format and hashing scheme
     /// ([`super::entry::FORMAT_VERSION`]).
     pub format_version: u32,
-    /// Architecture and shape, e.g. `"llama L30 H9 KV3 D64 rope10000 eps1e-5"`: any field
-    /// that changes K or V.
+    /// Architecture and shape (the model's [`crate::model::ModelSpec`] as text): any
+    /// field that changes K or V.
     pub architecture: String,
     /// Element type of stored K/V, e.g. `"f16"`.
     pub kv_dtype: &'a str,
@@ -77,8 +77,34 @@ pub struct FingerprintParts<'a> {
     pub block_size: usize,
     /// Device kind (`"cpu"`, `"cuda"`): kernels differ in rounding between devices.
     pub device: &'a str,
-    /// Weight conversion applied at load (e.g. the Q4_1 policy), as text.
+    /// Kernels and weight conversion applied at load (`model.kernels`,
+    /// `model.quantize`), as text.
     pub weights_policy: String,
+}
+
+/// Adds a file's identity to `h`: its length plus its first and last MiB and 64 spread
+/// 64 KiB windows.
+fn hash_file(h: &mut Sha256, path: &Path) -> std::io::Result<()> {
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    h.update(len.to_le_bytes());
+    let mut windows = vec![(0, EDGE_BYTES.min(len))];
+    if len > 2 * EDGE_BYTES {
+        let span = len - 2 * EDGE_BYTES;
+        for i in 0..SAMPLES {
+            let start = EDGE_BYTES + span * i / SAMPLES;
+            windows.push((start, SAMPLE_BYTES.min(len - start)));
+        }
+    }
+    windows.push((len.saturating_sub(EDGE_BYTES), EDGE_BYTES.min(len)));
+    let mut buf = Vec::new();
+    for (start, n) in windows {
+        f.seek(SeekFrom::Start(start))?;
+        buf.resize(n as usize, 0);
+        f.read_exact(&mut buf)?;
+        h.update(&buf);
+    }
+    Ok(())
 }
 
 impl ModelFingerprint {
@@ -90,26 +116,28 @@ impl ModelFingerprint {
     /// # Errors
     /// The file cannot be read.
     pub fn compute(weights: &Path, parts: &FingerprintParts<'_>) -> std::io::Result<Self> {
-        let mut f = std::fs::File::open(weights)?;
-        let len = f.metadata()?.len();
         let mut h = Sha256::new();
         h.update(b"inferd-model-fingerprint\0");
-        h.update(len.to_le_bytes());
-        let mut windows = vec![(0, EDGE_BYTES.min(len))];
-        if len > 2 * EDGE_BYTES {
-            let span = len - 2 * EDGE_BYTES;
-            for i in 0..SAMPLES {
-                let start = EDGE_BYTES + span * i / SAMPLES;
-                windows.push((start, SAMPLE_BYTES.min(len - start)));
+        if weights.is_dir() {
+            // A Hugging Face directory: its config and every safetensors file, by name.
+            let mut files: Vec<_> = std::fs::read_dir(weights)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension().is_some_and(|x| x == "safetensors")
+                        || p.file_name().is_some_and(|n| n == "config.json")
+                })
+                .collect();
+            files.sort();
+            for f in files {
+                h.update(
+                    f.file_name()
+                        .map(|n| n.as_encoded_bytes())
+                        .unwrap_or_default(),
+                );
+                hash_file(&mut h, &f)?;
             }
-        }
-        windows.push((len.saturating_sub(EDGE_BYTES), EDGE_BYTES.min(len)));
-        let mut buf = Vec::new();
-        for (start, n) in windows {
-            f.seek(SeekFrom::Start(start))?;
-            buf.resize(n as usize, 0);
-            f.read_exact(&mut buf)?;
-            h.update(&buf);
+        } else {
+            hash_file(&mut h, weights)?;
         }
         Ok(Self::from_parts(h.finalize().into(), parts))
     }

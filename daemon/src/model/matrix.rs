@@ -1,0 +1,348 @@
+//! The one matrix abstraction: model code holds a [`Matrix`] and calls
+//! [`Matrix::forward_host`] or [`Matrix::forward`]; which kernel runs is decided here,
+//! once, at load, from the stored type and the [`MatrixPolicy`]. Fusion (QKV, gate/up)
+//! happens on the stored form ([`RawMatrix::concat`]) before a kernel is chosen, so it
+//! works for every type.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::q4_1::Q4_1Matrix;
+use super::q8_0::Q8_0Matrix;
+
+/// Which kernels run the matrices (`model.kernels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kernels {
+    /// Our CPU kernels where we have one for the stored type (Q4_1, Q8_0: ggml's
+    /// numerics at SIMD speed, [`super::q4_1`], [`super::q8_0`]), candle's elsewhere.
+    Native,
+    /// candle's `QMatMul` for every quantized type (portable; the reference the native
+    /// kernels are tested against).
+    Candle,
+}
+
+/// Re-quantization at load (`model.quantize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantize {
+    /// Keep the stored type.
+    None,
+    /// Convert every matrix whose input width is a multiple of 32 to Q8_0 (32-value
+    /// blocks, one f16 scale; error ≤ 1/254 of a block's largest magnitude). Halves an
+    /// F16/BF16 checkpoint's memory; moves greedy picks of a quantized GGUF away from
+    /// llama.cpp's.
+    Q8_0,
+}
+
+/// How stored matrices become [`Matrix`] kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixPolicy {
+    /// Kernel choice.
+    pub kernels: Kernels,
+    /// Re-quantization.
+    pub quantize: Quantize,
+}
+
+impl Default for MatrixPolicy {
+    fn default() -> Self {
+        Self {
+            kernels: Kernels::Native,
+            quantize: Quantize::None,
+        }
+    }
+}
+
+/// A weight matrix `(out, in)` as a file stores it, before a kernel is chosen.
+#[derive(Debug)]
+pub enum RawMatrix {
+    /// ggml blocks (GGUF; any ggml type, F32/F16 included).
+    Quant(QTensor),
+    /// A dense candle tensor in its stored dtype (F32, F16 or BF16; Hugging Face).
+    Dense(Tensor),
+}
+
+impl RawMatrix {
+    /// `(out, in)`.
+    ///
+    /// # Errors
+    /// The tensor is not 2-D.
+    pub fn dims(&self) -> candle_core::Result<(usize, usize)> {
+        match self {
+            RawMatrix::Quant(t) => t.shape().dims2(),
+            RawMatrix::Dense(t) => t.dims2(),
+        }
+    }
+
+    /// A short name of the stored type (`q4_k`, `f16`, ...), for logs.
+    pub fn type_name(&self) -> String {
+        match self {
+            RawMatrix::Quant(t) => format!("{:?}", t.dtype()).to_lowercase(),
+            RawMatrix::Dense(t) => format!("{:?}", t.dtype()).to_lowercase(),
+        }
+    }
+
+    /// Stacks matrices with the same input width along the rows (`[a; b; ...]`), or
+    /// `None` when their stored types differ (a Q4_K_M file keeps `attn_v` in Q6_K): the
+    /// caller then keeps them apart. ggml rows are whole blocks, so stacking quantized
+    /// rows is stacking their bytes.
+    ///
+    /// # Errors
+    /// Parts with different input widths, or a device error.
+    pub fn concat(parts: Vec<RawMatrix>) -> candle_core::Result<Result<RawMatrix, Vec<RawMatrix>>> {
+        let mut k = None;
+        for p in &parts {
+            let (_, pk) = p.dims()?;
+            if *k.get_or_insert(pk) != pk {
+                candle_core::bail!("fused matrices have input widths {k:?} and {pk}");
+            }
+        }
+        let same_type = parts.windows(2).all(|w| match (&w[0], &w[1]) {
+            (RawMatrix::Quant(a), RawMatrix::Quant(b)) => a.dtype() == b.dtype(),
+            (RawMatrix::Dense(a), RawMatrix::Dense(b)) => a.dtype() == b.dtype(),
+            _ => false,
+        });
+        if !same_type || parts.is_empty() {
+            return Ok(Err(parts));
+        }
+        let k = k.unwrap_or(0);
+        match &parts[0] {
+            RawMatrix::Dense(_) => {
+                let ts: Vec<&Tensor> = parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        RawMatrix::Dense(t) => Some(t),
+                        RawMatrix::Quant(_) => None,
+                    })
+                    .collect();
+                Ok(Ok(RawMatrix::Dense(Tensor::cat(&ts, 0)?)))
+            }
+            RawMatrix::Quant(first) => {
+                let (dtype, device) = (first.dtype(), first.device());
+                let mut bytes = Vec::new();
+                let mut n = 0;
+                for p in &parts {
+                    if let RawMatrix::Quant(t) = p {
+                        bytes.extend_from_slice(&t.data()?);
+                        n += t.shape().dims2()?.0;
+                    }
+                }
+                let t = qtensor_from_bytes(dtype, &bytes, (n, k), &device)?;
+                Ok(Ok(RawMatrix::Quant(t)))
+            }
+        }
+    }
+
+    /// Dequantized to f32 on `device`.
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn to_f32(&self, device: &Device) -> candle_core::Result<Tensor> {
+        match self {
+            RawMatrix::Quant(t) => t.dequantize(device),
+            RawMatrix::Dense(t) => t.to_device(device)?.to_dtype(DType::F32),
+        }
+    }
+}
+
+/// A `QTensor` of `dtype` and shape `(n, k)` from raw ggml bytes.
+fn qtensor_from_bytes(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    (n, k): (usize, usize),
+    device: &Device,
+) -> candle_core::Result<QTensor> {
+    candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, bytes, vec![n, k], device)
+}
+
+/// A weight matrix `(out, in)` applied as `y = x · Wᵀ`, with its kernel chosen.
+#[derive(Debug)]
+pub enum Matrix {
+    /// candle's quantized matmul (ggml types without a native kernel, or on CUDA).
+    Quant(QMatMul),
+    /// Our Q4_1 kernel.
+    Q4_1(Q4_1Matrix),
+    /// Our Q8_0 kernel.
+    Q8_0(Q8_0Matrix),
+    /// A dense matrix in its stored dtype (F32/F16/BF16): the activations are cast to
+    /// it, multiplied with candle's gemm, and the result cast back to f32 (what
+    /// transformers does for a model loaded in that dtype).
+    Dense(Tensor),
+}
+
+impl Matrix {
+    /// Chooses the kernel for `raw` under `policy` on `device`.
+    ///
+    /// # Errors
+    /// A candle error converting or re-quantizing.
+    pub fn build(
+        raw: RawMatrix,
+        policy: MatrixPolicy,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        let (_, k) = raw.dims()?;
+        let raw = if policy.quantize == Quantize::Q8_0 && k.is_multiple_of(32) {
+            let already = matches!(&raw, RawMatrix::Quant(t) if t.dtype() == GgmlDType::Q8_0);
+            if already {
+                raw
+            } else {
+                RawMatrix::Quant(QTensor::quantize(
+                    &raw.to_f32(&Device::Cpu)?,
+                    GgmlDType::Q8_0,
+                )?)
+            }
+        } else {
+            raw
+        };
+        let native = policy.kernels == Kernels::Native && device.is_cpu();
+        Ok(match raw {
+            RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q4_1 => {
+                Matrix::Q4_1(Q4_1Matrix::from_qtensor(&t)?)
+            }
+            RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q8_0 => {
+                Matrix::Q8_0(Q8_0Matrix::from_qtensor(&t)?)
+            }
+            RawMatrix::Quant(t) => match t.dtype() {
+                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                    Matrix::Dense(dense_of(&t, device)?)
+                }
+                _ if device.is_cpu() => Matrix::Quant(QMatMul::from_arc(Arc::new(t))?),
+                _ => Matrix::Quant(QMatMul::from_arc(Arc::new(move_qtensor(t, device)?))?),
+            },
+            RawMatrix::Dense(t) => Matrix::Dense(t.to_device(device)?),
+        })
+    }
+
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            Matrix::Q4_1(m) => m.shape(),
+            Matrix::Q8_0(m) => m.shape(),
+            Matrix::Quant(QMatMul::QTensor(t)) => t.shape().dims2().unwrap_or((0, 0)),
+            Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Matrix::Dense(t) => {
+                t.dims2().unwrap_or((0, 0))
+            }
+        }
+    }
+
+    /// `x` `(rows, in)` f32 → `(rows, out)` f32, on the matrix's device.
+    ///
+    /// # Errors
+    /// A candle error (shape mismatch, device).
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Matrix::Quant(m) => m.forward(x),
+            Matrix::Q4_1(m) => m.forward(x),
+            Matrix::Q8_0(m) => m.forward(x),
+            Matrix::Dense(w) => {
+                let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
+                y.to_dtype(DType::F32)
+            }
+        }
+    }
+
+    /// `xs` `(rows, in)` row-major on the host → `(rows, out)`.
+    ///
+    /// # Errors
+    /// A candle error (a non-CPU matrix, shape mismatch).
+    pub fn forward_host(&self, xs: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
+        match self {
+            Matrix::Q4_1(m) => Ok(m.matmul_host(xs, rows)),
+            Matrix::Q8_0(m) => Ok(m.matmul_host(xs, rows)),
+            Matrix::Quant(_) | Matrix::Dense(_) => {
+                let k = xs.len().checked_div(rows).unwrap_or(0);
+                let x = Tensor::from_slice(xs, (rows, k), &Device::Cpu)?;
+                self.forward(&x)?.flatten_all()?.to_vec1::<f32>()
+            }
+        }
+    }
+
+    /// Rows `ids` dequantized to f32, `(ids.len(), in)` row-major on the host: an
+    /// embedding lookup that reads the output head's copy when the two are tied.
+    ///
+    /// # Errors
+    /// An id out of range, or a candle error.
+    pub fn rows_host(&self, ids: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let (n, _) = self.dims();
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= n) {
+            candle_core::bail!("token id {bad} is out of range for {n} embedding rows");
+        }
+        match self {
+            Matrix::Q8_0(m) => m.rows_dequantized(ids),
+            Matrix::Q4_1(_) => candle_core::bail!("Q4_1 rows are not readable for embeddings"),
+            Matrix::Quant(QMatMul::QTensor(t)) => {
+                // Dequantize only the rows asked for: one row is whole ggml blocks.
+                let (_, k) = t.shape().dims2()?;
+                let data = t.data()?;
+                let row_bytes = data.len() / n;
+                let mut out = Vec::with_capacity(ids.len() * k);
+                for &id in ids {
+                    let r = id as usize;
+                    let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                    let q = qtensor_from_bytes(t.dtype(), row, (1, k), &Device::Cpu)?;
+                    out.extend(
+                        q.dequantize(&Device::Cpu)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?,
+                    );
+                }
+                Ok(out)
+            }
+            Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Matrix::Dense(t) => {
+                let idx = Tensor::new(ids, t.device())?;
+                t.index_select(&idx, 0)?
+                    .to_dtype(DType::F32)?
+                    .to_device(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()
+            }
+        }
+    }
+
+    /// Rows `ids` as a device tensor `(ids.len(), in)` f32 (the embedding lookup of the
+    /// tensor-ops path).
+    ///
+    /// # Errors
+    /// As [`Self::rows_host`].
+    pub fn rows(&self, ids: &[u32], device: &Device) -> candle_core::Result<Tensor> {
+        match self {
+            Matrix::Dense(t) | Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                let (n, _) = self.dims();
+                if let Some(&bad) = ids.iter().find(|&&i| i as usize >= n) {
+                    candle_core::bail!("token id {bad} is out of range for {n} embedding rows");
+                }
+                let idx = Tensor::new(ids, t.device())?;
+                t.index_select(&idx, 0)?.to_dtype(DType::F32)
+            }
+            _ => {
+                let (_, k) = self.dims();
+                Tensor::from_vec(self.rows_host(ids)?, (ids.len(), k), device)
+            }
+        }
+    }
+}
+
+/// An F32/F16/BF16 ggml tensor as a dense tensor of the same dtype on `device`.
+fn dense_of(t: &QTensor, device: &Device) -> candle_core::Result<Tensor> {
+    let dtype = match t.dtype() {
+        GgmlDType::F16 => DType::F16,
+        GgmlDType::BF16 => DType::BF16,
+        _ => DType::F32,
+    };
+    let f = t.dequantize(&Device::Cpu)?;
+    f.to_dtype(dtype)?.to_device(device)
+}
+
+/// A CPU `QTensor` copied to `device` (its ggml bytes, unchanged).
+fn move_qtensor(t: QTensor, device: &Device) -> candle_core::Result<QTensor> {
+    if t.device().same_device(device) {
+        return Ok(t);
+    }
+    let dims = t.shape().dims().to_vec();
+    let dtype = t.dtype();
+    let data = t.data()?;
+    let storage = QStorage::from_data(data, device, dtype)?;
+    QTensor::new(storage, dims)
+}

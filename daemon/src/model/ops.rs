@@ -1,0 +1,296 @@
+//! The tensor-ops backend of the decoder loop: candle ops on any device (CUDA in
+//! production). With a host KV pool (tests on the CPU) RoPE and attention take the
+//! host kernels, so this backend then gives the host backend's bits.
+
+use candle_core::{DType, Device, Tensor, D};
+
+use super::cpu_attention::attend_cpu;
+use super::kv_pool::{ForwardSeq, KvBlockPool};
+use super::matrix::Matrix;
+use super::moe::{route, Route};
+use super::rope::RopeTable;
+use super::spec::{Activation, ModelSpec};
+use super::transformer::{AttnShape, Backend};
+use super::weights::{MoeWeights, Projection, Vector};
+
+/// The tensor backend over one batch. Activations are `(T, width)` tensors.
+pub struct TensorBackend<'a> {
+    pool: &'a mut KvBlockPool,
+    seqs: &'a [ForwardSeq<'a>],
+    positions: &'a [u32],
+    /// Positions as a device tensor (for gathering RoPE rows).
+    pos: Tensor,
+    device: Device,
+}
+
+impl<'a> TensorBackend<'a> {
+    /// A backend for `seqs` at `positions` on `device`.
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn new(
+        pool: &'a mut KvBlockPool,
+        seqs: &'a [ForwardSeq<'a>],
+        positions: &'a [u32],
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        Ok(Self {
+            pool,
+            seqs,
+            positions,
+            pos: Tensor::new(positions, device)?,
+            device: device.clone(),
+        })
+    }
+}
+
+fn host(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+/// Additive mask `(L, start + L)`: 0 where key `j ≤ start + i` (and, with a window,
+/// `j > start + i − window`), −∞ elsewhere.
+fn attention_mask(
+    len: usize,
+    start: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let kv_len = start + len;
+    let mask: Vec<f32> = (0..len)
+        .flat_map(|i| {
+            let pos = start + i;
+            (0..kv_len).map(move |j| {
+                let seen = j <= pos && window.is_none_or(|w| j + w > pos);
+                if seen {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (len, kv_len), device)
+}
+
+fn mlp(
+    x: &Tensor,
+    gate_up: &Projection,
+    down: &Matrix,
+    act: Activation,
+) -> candle_core::Result<Tensor> {
+    let parts = project(x, gate_up)?;
+    let [g, u] = parts.as_slice() else {
+        candle_core::bail!("gate/up projection has {} parts", parts.len());
+    };
+    down.forward(&glu(g, u, act)?)
+}
+
+fn project(x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
+    match p {
+        Projection::Fused { matrix, widths } => {
+            let all = matrix.forward(x)?;
+            let mut at = 0;
+            widths
+                .iter()
+                .map(|&w| {
+                    let part = all.narrow(D::Minus1, at, w)?.contiguous();
+                    at += w;
+                    part
+                })
+                .collect()
+        }
+        Projection::Separate(ms) => ms.iter().map(|m| m.forward(x)).collect(),
+    }
+}
+
+fn glu(g: &Tensor, u: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
+    let a = match act {
+        Activation::Silu => candle_nn::ops::silu(g)?,
+        Activation::GeluTanh => g.gelu()?,
+    };
+    a * u
+}
+
+impl TensorBackend<'_> {
+    /// Attention on a device pool with candle ops: K/V go into the pool, then each
+    /// sequence gathers its slots and attends under its mask.
+    fn attention_device(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        s: AttnShape,
+    ) -> candle_core::Result<Tensor> {
+        let n = q.dim(0)?;
+        let group = s.n_head / s.n_kv_head;
+        let k_rows = k.reshape((n, s.n_kv_head, s.head_dim))?;
+        let v_rows = v.reshape((n, s.n_kv_head, s.head_dim))?;
+        self.pool.write_device(layer, self.seqs, &k_rows, &v_rows)?;
+        // (T, nh·d) -> (nh, T, d)
+        let q = q
+            .reshape((n, s.n_head, s.head_dim))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let mut outs = Vec::with_capacity(self.seqs.len());
+        let mut row = 0;
+        for seq in self.seqs {
+            let len = seq.tokens.len();
+            let kv_len = seq.start_pos + len;
+            let (k_all, v_all) = self.pool.gather_device(layer, seq.block_table, kv_len)?;
+            // (nh, len, d) -> (n_kv_head, group·len, d): query heads of one KV group
+            // are adjacent.
+            let qs = q.narrow(1, row, len)?.contiguous()?.reshape((
+                s.n_kv_head,
+                group * len,
+                s.head_dim,
+            ))?;
+            let att = (qs.matmul(&k_all.t()?)? * f64::from(s.scale))?;
+            let needs_mask = len > 1 || s.window.is_some_and(|w| kv_len > w);
+            let att = if needs_mask {
+                let mask = attention_mask(len, seq.start_pos, s.window, &self.device)?;
+                att.reshape((s.n_kv_head, group, len, kv_len))?
+                    .broadcast_add(&mask)?
+                    .reshape((s.n_kv_head, group * len, kv_len))?
+            } else {
+                att
+            };
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let y = att
+                .matmul(&v_all)?
+                .reshape((s.n_head, len, s.head_dim))?
+                .transpose(0, 1)?
+                .reshape((len, s.n_head * s.head_dim))?;
+            outs.push(y);
+            row += len;
+        }
+        Tensor::cat(&outs, 0)
+    }
+}
+
+impl Backend for TensorBackend<'_> {
+    type Act = Tensor;
+
+    fn embed(&mut self, m: &Matrix, ids: &[u32]) -> candle_core::Result<Tensor> {
+        m.rows(ids, &self.device)
+    }
+
+    fn scale(&mut self, x: Tensor, s: f32) -> candle_core::Result<Tensor> {
+        x * f64::from(s)
+    }
+
+    fn rms_norm(&mut self, x: &Tensor, w: &Vector, eps: f32) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &w.tensor, eps)
+    }
+
+    fn head_norm(
+        &mut self,
+        x: Tensor,
+        w: &Vector,
+        eps: f32,
+        heads: usize,
+    ) -> candle_core::Result<Tensor> {
+        let (n, width) = x.dims2()?;
+        let y = candle_nn::ops::rms_norm(&x.reshape((n, heads, width / heads))?, &w.tensor, eps)?;
+        y.reshape((n, width))
+    }
+
+    fn project(&mut self, x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
+        project(x, p)
+    }
+
+    fn matmul(&mut self, x: &Tensor, m: &Matrix) -> candle_core::Result<Tensor> {
+        m.forward(x)
+    }
+
+    fn add_bias(&mut self, x: Tensor, b: &Vector) -> candle_core::Result<Tensor> {
+        x.broadcast_add(&b.tensor)
+    }
+
+    fn add(&mut self, x: &mut Tensor, y: &Tensor) -> candle_core::Result<()> {
+        *x = (&*x + y)?;
+        Ok(())
+    }
+
+    fn rope(
+        &mut self,
+        x: Tensor,
+        heads: usize,
+        head_dim: usize,
+        t: &RopeTable,
+    ) -> candle_core::Result<Tensor> {
+        if self.pool.is_host() {
+            let mut v = host(&x)?;
+            t.apply_host(&mut v, heads, head_dim, self.positions);
+            return Tensor::from_vec(v, x.shape(), x.device());
+        }
+        let n = x.dim(0)?;
+        let cos = t.cos.index_select(&self.pos, 0)?;
+        let sin = t.sin.index_select(&self.pos, 0)?;
+        // (T, h·d) -> (1, h, T, d) for the per-row positions, and back.
+        let x4 = x
+            .reshape((1, n, heads, head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let y = t.apply(&x4, &cos, &sin)?;
+        y.transpose(1, 2)?.reshape((n, heads * head_dim))
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        s: AttnShape,
+    ) -> candle_core::Result<Tensor> {
+        if self.pool.is_host() {
+            // Stored as f16 like llama.cpp's default KV cache type (or f32).
+            self.pool
+                .write_host(layer, self.seqs, &host(&k)?, &host(&v)?)?;
+            let y = attend_cpu(self.pool, layer, self.seqs, &host(&q)?, s)?;
+            return Tensor::from_vec(y, q.shape(), &self.device);
+        }
+        self.attention_device(layer, &q, &k, &v, s)
+    }
+
+    fn glu(&mut self, gate: Tensor, up: Tensor, act: Activation) -> candle_core::Result<Tensor> {
+        glu(&gate, &up, act)
+    }
+
+    fn moe(&mut self, x: &Tensor, w: &MoeWeights, spec: &ModelSpec) -> candle_core::Result<Tensor> {
+        let Some(m) = &spec.moe else {
+            candle_core::bail!("MoE weights without an MoE spec");
+        };
+        let n = x.dim(0)?;
+        let logits = host(&w.router.forward(x)?.to_dtype(DType::F32)?)?;
+        let Route { per_expert } = route(&logits, n, m);
+        let mut out = x.zeros_like()?;
+        for (ex, tokens) in per_expert.iter().enumerate() {
+            if tokens.is_empty() {
+                continue;
+            }
+            let ids: Vec<u32> = tokens.iter().map(|&(t, _)| t as u32).collect();
+            let wts: Vec<f32> = tokens.iter().map(|&(_, w)| w).collect();
+            let idx = Tensor::new(ids.as_slice(), &self.device)?;
+            let wts = Tensor::from_vec(wts, (tokens.len(), 1), &self.device)?;
+            let (gate_up, down) = &w.experts[ex];
+            let y = mlp(&x.index_select(&idx, 0)?, gate_up, down, spec.activation)?;
+            out = out.index_add(&idx, &y.broadcast_mul(&wts)?, 0)?;
+        }
+        Ok(out)
+    }
+
+    fn rows(&mut self, x: &Tensor, rows: &[u32]) -> candle_core::Result<Tensor> {
+        x.index_select(&Tensor::new(rows, &self.device)?, 0)
+    }
+
+    fn logits(&mut self, x: Tensor, _rows: usize, cap: Option<f32>) -> candle_core::Result<Tensor> {
+        let x = x.to_dtype(DType::F32)?;
+        match cap {
+            Some(c) => (x / f64::from(c))?.tanh()? * f64::from(c),
+            None => Ok(x),
+        }
+    }
+}

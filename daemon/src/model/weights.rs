@@ -1,0 +1,397 @@
+//! The one internal weight layout every source maps onto, and the builder that reads it
+//! from a [`WeightSource`] for a [`ModelSpec`]. Tensor roles ([`Role`]) name what a
+//! tensor is, not how a file spells it; the sources own the spelling.
+
+use candle_core::{Device, Tensor};
+
+use super::matrix::{Matrix, MatrixPolicy, RawMatrix};
+use super::spec::ModelSpec;
+use super::ModelError;
+
+/// What a tensor is, independent of the file format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Token embeddings `(vocab, n_embd)`.
+    TokenEmbd,
+    /// Output head `(vocab, n_embd)` (absent when tied to the embeddings).
+    Output,
+    /// Final norm `(n_embd)`.
+    OutputNorm,
+    /// Per-layer tensors.
+    Layer(usize, LayerRole),
+    /// Expert `e` of a layer's MoE MLP.
+    Expert(usize, usize, ExpertRole),
+}
+
+/// Tensors of one transformer block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerRole {
+    /// Norm before attention `(n_embd)`.
+    AttnNorm,
+    /// Query projection `(q_dim, n_embd)`.
+    Q,
+    /// Key projection `(kv_dim, n_embd)`.
+    K,
+    /// Value projection `(kv_dim, n_embd)`.
+    V,
+    /// Query, key and value stacked `(q_dim + 2 kv_dim, n_embd)` (Phi-3's `qkv_proj`).
+    Qkv,
+    /// Biases `(q_dim)`, `(kv_dim)`, `(kv_dim)`.
+    QBias,
+    /// Key bias.
+    KBias,
+    /// Value bias.
+    VBias,
+    /// Per-head query norm `(head_dim)`.
+    QNorm,
+    /// Per-head key norm `(head_dim)`.
+    KNorm,
+    /// Attention output `(n_embd, q_dim)`.
+    AttnOutput,
+    /// Norm of the attention output before the residual add (Gemma).
+    PostAttnNorm,
+    /// Norm before the MLP `(n_embd)`.
+    FfnNorm,
+    /// Norm of the MLP output before the residual add (Gemma).
+    PostFfnNorm,
+    /// Gate `(n_ff, n_embd)`.
+    Gate,
+    /// Up `(n_ff, n_embd)`.
+    Up,
+    /// Gate and up stacked `(2 n_ff, n_embd)` (Phi-3's `gate_up_proj`).
+    GateUp,
+    /// Down `(n_embd, n_ff)`.
+    Down,
+    /// MoE router `(n_expert, n_embd)`.
+    Router,
+}
+
+/// Tensors of one expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertRole {
+    /// Gate `(n_ff_expert, n_embd)`.
+    Gate,
+    /// Up `(n_ff_expert, n_embd)`.
+    Up,
+    /// Down `(n_embd, n_ff_expert)`.
+    Down,
+}
+
+/// A file format's view of its tensors.
+pub trait WeightSource {
+    /// The tensor's name in the file (for messages), or `None` if the format has no
+    /// tensor for that role.
+    fn name(&self, role: Role) -> Option<String>;
+    /// Whether the file holds the role's tensor.
+    fn has(&self, role: Role) -> bool;
+    /// The matrix for `role`, checked to be `(rows, cols)`.
+    ///
+    /// # Errors
+    /// Missing, mis-shaped or unreadable.
+    fn matrix(&mut self, role: Role, rows: usize, cols: usize) -> Result<RawMatrix, ModelError>;
+    /// The vector for `role` as f32, checked to be `len` long, with the source's
+    /// convention applied (Gemma's `1 + w` on Hugging Face norms).
+    ///
+    /// # Errors
+    /// Missing, mis-shaped or unreadable.
+    fn vector(&mut self, role: Role, len: usize) -> Result<Vec<f32>, ModelError>;
+}
+
+/// A 1-D weight (norm or bias), on the host and as a device tensor.
+#[derive(Debug)]
+pub struct Vector {
+    /// Values on the host, for the CPU path.
+    pub host: Vec<f32>,
+    /// The same values on the model's device, for the tensor path.
+    pub tensor: Tensor,
+}
+
+impl Vector {
+    fn new(host: Vec<f32>, device: &Device) -> Result<Self, ModelError> {
+        let tensor = Tensor::from_slice(&host, host.len(), device)?;
+        Ok(Self { host, tensor })
+    }
+}
+
+/// Projections applied to the same input: one fused matrix when the parts share a
+/// stored type, else one matrix each.
+#[derive(Debug)]
+pub enum Projection {
+    /// One matrix whose rows are the parts' rows in order; `widths` are the parts'
+    /// output widths.
+    Fused {
+        /// The stacked matrix.
+        matrix: Matrix,
+        /// Output width of each part.
+        widths: Vec<usize>,
+    },
+    /// The parts' own matrices.
+    Separate(Vec<Matrix>),
+}
+
+/// The MoE MLP of one layer.
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// Router `(n_expert, n_embd)`.
+    pub router: Matrix,
+    /// Per expert: gate/up and down.
+    pub experts: Vec<(Projection, Matrix)>,
+}
+
+/// A layer's MLP.
+#[derive(Debug)]
+pub enum Ffn {
+    /// Gated dense MLP: gate/up, then down.
+    Dense {
+        /// Gate and up.
+        gate_up: Projection,
+        /// Down.
+        down: Matrix,
+    },
+    /// Mixture of experts.
+    Moe(MoeWeights),
+}
+
+/// One transformer block's weights.
+#[derive(Debug)]
+pub struct LayerWeights {
+    /// Norm before attention.
+    pub attn_norm: Vector,
+    /// q, k, v.
+    pub qkv: Projection,
+    /// q, k, v biases.
+    pub qkv_bias: Option<[Vector; 3]>,
+    /// Per-head q and k norms.
+    pub qk_norm: Option<[Vector; 2]>,
+    /// Attention output.
+    pub attn_output: Matrix,
+    /// Norm of the attention output (Gemma).
+    pub post_attn_norm: Option<Vector>,
+    /// Norm before the MLP.
+    pub ffn_norm: Vector,
+    /// The MLP.
+    pub ffn: Ffn,
+    /// Norm of the MLP output (Gemma).
+    pub post_ffn_norm: Option<Vector>,
+}
+
+/// Where embedding rows are read from.
+#[derive(Debug)]
+pub enum Embedding {
+    /// Its own matrix (kept in the stored type; rows dequantized on lookup).
+    Own(Matrix),
+    /// The output head's rows (tied embeddings, one copy).
+    Output,
+}
+
+/// All weights of a model, in the internal layout.
+#[derive(Debug)]
+pub struct Weights {
+    /// Token embeddings.
+    pub embedding: Embedding,
+    /// Blocks.
+    pub layers: Vec<LayerWeights>,
+    /// Final norm.
+    pub output_norm: Vector,
+    /// Output head `(vocab, n_embd)`.
+    pub output: Matrix,
+}
+
+impl Weights {
+    /// The matrix embedding rows come from.
+    pub fn embedding_matrix(&self) -> &Matrix {
+        match &self.embedding {
+            Embedding::Own(m) => m,
+            Embedding::Output => &self.output,
+        }
+    }
+}
+
+/// Reads every weight `spec` needs from `src`.
+///
+/// # Errors
+/// The first missing, mis-shaped or unreadable tensor, named as the file names it.
+pub fn build<S: WeightSource>(
+    src: &mut S,
+    spec: &ModelSpec,
+    policy: MatrixPolicy,
+    device: &Device,
+) -> Result<Weights, ModelError> {
+    let e = spec.n_embd;
+    let mut b = Builder {
+        src,
+        policy,
+        device,
+    };
+    let output_norm = b.vector(Role::OutputNorm, e)?;
+    let vocab = spec.vocab_size;
+    let (embedding, output) = if b.src.has(Role::Output) {
+        let out = b.matrix(Role::Output, vocab, e)?;
+        let raw = b.src.matrix(Role::TokenEmbd, vocab, e)?;
+        (Embedding::Own(lookup_matrix(raw, device)?), out)
+    } else {
+        let out = b.matrix(Role::TokenEmbd, vocab, e)?;
+        if matches!(out, Matrix::Q4_1(_)) {
+            // Our Q4_1 layout cannot hand out rows: keep a lookup copy.
+            let raw = b.src.matrix(Role::TokenEmbd, vocab, e)?;
+            (Embedding::Own(lookup_matrix(raw, device)?), out)
+        } else {
+            (Embedding::Output, out)
+        }
+    };
+    let layers = (0..spec.n_layer)
+        .map(|l| b.layer(spec, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Weights {
+        embedding,
+        layers,
+        output_norm,
+        output,
+    })
+}
+
+/// An embedding matrix for row lookups: quantized types stay in their ggml blocks (no
+/// native kernel), so a 262k-row vocabulary is never expanded to f32.
+fn lookup_matrix(raw: RawMatrix, device: &Device) -> Result<Matrix, ModelError> {
+    Ok(match raw {
+        RawMatrix::Quant(t) => Matrix::Quant(candle_core::quantized::QMatMul::QTensor(
+            std::sync::Arc::new(t),
+        )),
+        RawMatrix::Dense(t) => Matrix::Dense(t.to_device(device)?),
+    })
+}
+
+struct Builder<'a, S> {
+    src: &'a mut S,
+    policy: MatrixPolicy,
+    device: &'a Device,
+}
+
+impl<S: WeightSource> Builder<'_, S> {
+    fn matrix(&mut self, role: Role, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+        let raw = self.src.matrix(role, rows, cols)?;
+        self.kernel(role, raw)
+    }
+
+    fn kernel(&self, role: Role, raw: RawMatrix) -> Result<Matrix, ModelError> {
+        Matrix::build(raw, self.policy, self.device).map_err(|e| ModelError::Tensor {
+            name: self.src.name(role).unwrap_or_else(|| format!("{role:?}")),
+            message: super::candle_error_message(&e),
+        })
+    }
+
+    fn vector(&mut self, role: Role, len: usize) -> Result<Vector, ModelError> {
+        let v = self.src.vector(role, len)?;
+        Vector::new(v, self.device)
+    }
+
+    /// Parts stacked when the file already stores them fused (`fused`), else read
+    /// one by one and fused when their types agree.
+    fn projection(
+        &mut self,
+        fused: Option<Role>,
+        parts: &[(Role, usize)],
+        cols: usize,
+    ) -> Result<Projection, ModelError> {
+        let widths: Vec<usize> = parts.iter().map(|p| p.1).collect();
+        if let Some(f) = fused.filter(|&f| self.src.has(f)) {
+            let rows = widths.iter().sum();
+            return Ok(Projection::Fused {
+                matrix: self.matrix(f, rows, cols)?,
+                widths,
+            });
+        }
+        let raws = parts
+            .iter()
+            .map(|&(r, w)| self.src.matrix(r, w, cols))
+            .collect::<Result<Vec<_>, _>>()?;
+        let first = parts[0].0;
+        match RawMatrix::concat(raws).map_err(|e| ModelError::Tensor {
+            name: self.src.name(first).unwrap_or_default(),
+            message: super::candle_error_message(&e),
+        })? {
+            Ok(raw) => Ok(Projection::Fused {
+                matrix: self.kernel(first, raw)?,
+                widths,
+            }),
+            Err(raws) => Ok(Projection::Separate(
+                raws.into_iter()
+                    .zip(parts)
+                    .map(|(raw, &(r, _))| self.kernel(r, raw))
+                    .collect::<Result<_, _>>()?,
+            )),
+        }
+    }
+
+    fn layer(&mut self, spec: &ModelSpec, l: usize) -> Result<LayerWeights, ModelError> {
+        let (e, q, kv, hd) = (spec.n_embd, spec.q_dim(), spec.kv_dim(), spec.head_dim);
+        let r = |x| Role::Layer(l, x);
+        use LayerRole as L;
+        let qkv = self.projection(
+            Some(r(L::Qkv)),
+            &[(r(L::Q), q), (r(L::K), kv), (r(L::V), kv)],
+            e,
+        )?;
+        let qkv_bias = if spec.qkv_bias {
+            Some([
+                self.vector(r(L::QBias), q)?,
+                self.vector(r(L::KBias), kv)?,
+                self.vector(r(L::VBias), kv)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if spec.qk_norm {
+            Some([self.vector(r(L::QNorm), hd)?, self.vector(r(L::KNorm), hd)?])
+        } else {
+            None
+        };
+        let post = |b: &mut Self, role| -> Result<Option<Vector>, ModelError> {
+            if spec.post_norms {
+                b.vector(r(role), e).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let moe = spec.moe.as_ref().filter(|m| m.layers[l]);
+        let ffn = match moe {
+            None => Ffn::Dense {
+                gate_up: self.projection(
+                    Some(r(L::GateUp)),
+                    &[(r(L::Gate), spec.n_ff), (r(L::Up), spec.n_ff)],
+                    e,
+                )?,
+                down: self.matrix(r(L::Down), e, spec.n_ff)?,
+            },
+            Some(m) => {
+                let router = self.matrix(r(L::Router), m.n_expert, e)?;
+                let f = m.n_ff_expert;
+                let experts = (0..m.n_expert)
+                    .map(|x| {
+                        let er = |k| Role::Expert(l, x, k);
+                        Ok((
+                            self.projection(
+                                None,
+                                &[(er(ExpertRole::Gate), f), (er(ExpertRole::Up), f)],
+                                e,
+                            )?,
+                            self.matrix(er(ExpertRole::Down), e, f)?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, ModelError>>()?;
+                Ffn::Moe(MoeWeights { router, experts })
+            }
+        };
+        Ok(LayerWeights {
+            attn_norm: self.vector(r(L::AttnNorm), e)?,
+            qkv,
+            qkv_bias,
+            qk_norm,
+            attn_output: self.matrix(r(L::AttnOutput), e, q)?,
+            post_attn_norm: post(self, L::PostAttnNorm)?,
+            ffn_norm: self.vector(r(L::FfnNorm), e)?,
+            ffn,
+            post_ffn_norm: post(self, L::PostFfnNorm)?,
+        })
+    }
+}
