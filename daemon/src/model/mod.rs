@@ -25,6 +25,9 @@ pub mod team;
 pub mod transformer;
 pub mod weights;
 
+#[cfg(test)]
+mod reference_tests;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -155,10 +158,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> 
     }
     let mut src = source::gguf::GgufSource::open(path)?;
     let spec = src.spec()?;
+    // f16 K/V as llama.cpp's default; an all-F32 file (the tiny converted fixtures)
+    // keeps exact f32 K/V like an F32 checkpoint.
+    let kv = if src.embedding_is_f32() && device.is_cpu() {
+        KvDtype::F32
+    } else {
+        KvDtype::F16
+    };
     let weights = weights::build(&mut src, &spec, opts.matrices, device)?;
     let metadata = src.metadata().clone();
     Ok(LoadedModel {
-        model: Model::new(spec, weights, KvDtype::F16, device)?,
+        model: Model::new(spec, weights, kv, device)?,
         metadata,
         path: path.to_path_buf(),
         format: ModelFormat::Gguf,

@@ -128,6 +128,14 @@ impl GgufSource {
         &self.content.metadata
     }
 
+    /// Whether `token_embd.weight` is stored as F32 (an unquantized file).
+    pub fn embedding_is_f32(&self) -> bool {
+        self.content
+            .tensor_infos
+            .get("token_embd.weight")
+            .is_some_and(|i| i.ggml_dtype == candle_core::quantized::GgmlDType::F32)
+    }
+
     /// The architecture.
     pub fn architecture(&self) -> Architecture {
         self.arch
