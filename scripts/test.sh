@@ -8,6 +8,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-model.sh
+# model_runner::gemma3_parity_tests runs the second real model (Gemma 3 270M Q4_K_M).
+scripts/fetch-model.sh gemma3
 # tests/tests/systemd_unit.rs runs `systemd-analyze verify` on configs/inferd.service.
 if ! command -v systemd-analyze >/dev/null; then
     if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq systemd; else

@@ -55,4 +55,6 @@ pub fn select_device(spec: &str) -> Result<Device, String> {
 #[cfg(test)]
 mod batch_tests;
 #[cfg(test)]
+mod gemma3_parity_tests;
+#[cfg(test)]
 mod parity_tests;
