@@ -120,18 +120,12 @@ fn attend_head(
     simd: Simd,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let g = h / (shape.n_head / shape.n_kv_head);
-    let bs = pool.block_size();
     let row_width = shape.n_head * hd;
     let first = rows.start;
     let mut out = vec![0f32; rows.len() * hd];
     let mut qh = vec![0f32; hd];
-    // Offset of key/value `j` of this KV head in the layer's arrays, for every key the
-    // last row sees.
     let max_keys = seq.start_pos + rows.end;
-    let offs: Vec<usize> = (0..max_keys)
-        .map(|j| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd)
-        .collect();
+    let offs = key_offsets(pool, seq, h, max_keys, shape);
     let mut scores = vec![0f32; max_keys];
     let mut rescale = vec![0f32; max_keys];
     let mut weight = vec![0f32; max_keys];
@@ -186,6 +180,22 @@ fn attend_head(
     out
 }
 
+/// Offset of key/value `j < n_keys` of query head `h`'s KV head in a layer's arrays
+/// (the pool's `(block, head, slot, d)` layout).
+fn key_offsets(
+    pool: &KvBlockPool,
+    seq: &ForwardSeq<'_>,
+    h: usize,
+    n_keys: usize,
+    shape: AttnShape,
+) -> Vec<usize> {
+    let (hd, bs) = (shape.head_dim, pool.block_size());
+    let g = h / (shape.n_head / shape.n_kv_head);
+    (0..n_keys)
+        .map(|j| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd)
+        .collect()
+}
+
 /// The first key a query with `n_keys` causal keys sees: the last `window` of them
 /// (`i − window < j ≤ i`), or all.
 fn first_key(n_keys: usize, window: Option<usize>) -> usize {
@@ -208,15 +218,11 @@ fn attend_head_exact(
     shape: AttnShape,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let g = h / (shape.n_head / shape.n_kv_head);
-    let bs = pool.block_size();
     let row_width = shape.n_head * hd;
     let first = rows.start;
     let mut out = vec![0f32; rows.len() * hd];
     let max_keys = seq.start_pos + rows.end;
-    let offs: Vec<usize> = (0..max_keys)
-        .map(|j| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd)
-        .collect();
+    let offs = key_offsets(pool, seq, h, max_keys, shape);
     let mut w = vec![0f32; max_keys];
     for r in rows {
         let n_keys = seq.start_pos + r + 1;
@@ -521,17 +527,7 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
-    fn rand_vec(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                f16::from_f32((x as f32 / u32::MAX as f32 - 0.5) * 4.0).to_f32()
-            })
-            .collect()
-    }
+    use crate::model::kv_pool::tests::rand_vec;
 
     #[test]
     fn simd_and_scalar_attention_loops_agree_bit_for_bit() {

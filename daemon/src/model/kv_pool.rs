@@ -578,10 +578,11 @@ impl SoloKv {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn rand_vec(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values that are exact f16 numbers in [-2, 2).
+    pub(crate) fn rand_vec(n: usize, seed: u32) -> Vec<f32> {
         let mut x = seed.wrapping_mul(2_654_435_761).max(1);
         (0..n)
             .map(|_| {
