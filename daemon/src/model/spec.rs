@@ -6,6 +6,9 @@
 //! `modeling_{llama,mistral,qwen2,qwen3,qwen3_moe,gemma3,phi3}.py` for Hugging Face
 //! weights, llama.cpp's `src/models/*.cpp` and `llama-model.cpp` for GGUF files.
 
+/// Most transformer blocks a spec may have (read before any per-layer list is made).
+pub const MAX_LAYERS: usize = 1 << 12;
+
 /// The architectures this build implements (GGUF `general.architecture` /
 /// `config.json` `architectures[0]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +241,21 @@ impl ModelSpec {
         if let Some((what, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{what} must be > 0"));
         }
+        // Bounds well above every released model, so that no count in a file can drive
+        // an allocation or overflow the arithmetic of the shapes.
+        let limits = [
+            ("layers", self.n_layer, MAX_LAYERS),
+            ("hidden size", self.n_embd, 1 << 17),
+            ("attention heads", self.n_head, 1 << 12),
+            ("key/value heads", self.n_kv_head, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("intermediate size", self.n_ff, 1 << 20),
+            ("vocabulary", self.vocab_size, 1 << 22),
+            ("context length", self.context_length, 1 << 21),
+        ];
+        if let Some((what, v, max)) = limits.iter().find(|(_, v, max)| v > max) {
+            return Err(format!("{what} is {v}, above the supported {max}"));
+        }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
             return Err(format!(
                 "attention heads ({}) must be a multiple of key/value heads ({})",
@@ -267,11 +285,34 @@ impl ModelSpec {
                 self.n_layer
             ));
         }
+        for w in self.window.iter().flatten() {
+            if *w == 0 {
+                return Err("a sliding window of 0 tokens".into());
+            }
+        }
+        if !self.norm_eps.is_finite() || self.norm_eps < 0.0 {
+            return Err(format!(
+                "RMSNorm epsilon {} is not a finite number ≥ 0",
+                self.norm_eps
+            ));
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
+            return Err(format!(
+                "RoPE base {} is not a finite number > 0",
+                self.rope.theta
+            ));
+        }
         if let Some(m) = &self.moe {
             if m.n_expert == 0 || m.n_expert_used == 0 || m.n_expert_used > m.n_expert {
                 return Err(format!(
                     "experts: {} used of {} (need 1 ≤ used ≤ experts)",
                     m.n_expert_used, m.n_expert
+                ));
+            }
+            if m.n_expert > 1 << 12 || m.n_ff_expert > 1 << 20 {
+                return Err(format!(
+                    "{} experts of width {}: above the supported 4096 experts of 1048576",
+                    m.n_expert, m.n_ff_expert
                 ));
             }
             if m.n_ff_expert == 0 || m.layers.len() != self.n_layer {

@@ -16,7 +16,8 @@ use candle_core::Device;
 
 use super::super::matrix::RawMatrix;
 use super::super::spec::{
-    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, SUPPORTED_GGUF,
+    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, MAX_LAYERS,
+    SUPPORTED_GGUF,
 };
 use super::super::weights::{ExpertRole, LayerRole, Role, WeightSource};
 use super::super::{candle_error_message, ModelError};
@@ -154,6 +155,12 @@ impl GgufSource {
         let a = self.arch.name();
         let k = |s: &str| format!("{a}.{s}");
         let n_layer = require_u32(md, &k("block_count"))?;
+        if n_layer > MAX_LAYERS {
+            return Err(ModelError::Metadata {
+                key: k("block_count").to_string(),
+                message: format!("{n_layer} layers, above the supported {MAX_LAYERS}"),
+            });
+        }
         let n_embd = require_u32(md, &k("embedding_length"))?;
         let n_head = require_u32(md, &k("attention.head_count"))?;
         let n_kv_head = meta_u32(md, &k("attention.head_count_kv"))?.map_or(n_head, |v| v as usize);

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use super::super::matrix::RawMatrix;
 use super::super::spec::{
-    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, SUPPORTED_HF,
+    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, MAX_LAYERS,
+    SUPPORTED_HF,
 };
 use super::super::weights::{ExpertRole, LayerRole, Role, WeightSource};
 use super::super::{candle_error_message, ModelError};
@@ -349,6 +350,12 @@ impl HfSource {
     /// A missing or inconsistent key, named.
     pub fn spec(&self) -> Result<ModelSpec, ModelError> {
         let n_layer = self.require("num_hidden_layers")?;
+        if n_layer > MAX_LAYERS {
+            return Err(ModelError::Metadata {
+                key: "config.json: num_hidden_layers".to_string(),
+                message: format!("{n_layer} layers, above the supported {MAX_LAYERS}"),
+            });
+        }
         let n_embd = self.require("hidden_size")?;
         let n_head = self.require("num_attention_heads")?;
         let n_kv_head = self.usize_key("num_key_value_heads")?.unwrap_or(n_head);

@@ -5,6 +5,9 @@
 pub mod gguf;
 pub mod hf;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 use std::io::Read;
 use std::path::Path;
 
