@@ -1,16 +1,22 @@
-//! Text → token ids and back, plus chat templates, for GGUF models.
+//! Text → token ids and back, plus chat templates, for GGUF models and Hugging Face
+//! directories.
 //!
 //! [`TextTokenizer::from_gguf`] builds the tokenizer from `tokenizer.ggml.*` metadata and
 //! tokenizes like llama.cpp (`src/llama-vocab.cpp`, release b11312): special-token text is split
 //! out first ([`special`], llama.cpp `tokenizer_st_partition`), the remaining fragments go
 //! through byte-level BPE (`gpt2`: a Hugging Face [`tokenizers::Tokenizer`] that has no added
 //! tokens, [`gguf`]) or SentencePiece BPE (`llama`: [`spm`], llama.cpp `llm_tokenizer_spm`).
+//! [`TextTokenizer::from_hf_dir`] uses a Hugging Face directory's `tokenizer.json` as is, with
+//! `tokenizer_config.json` and `generation_config.json` ([`hf`], [`hf_config`]).
 //! Chat messages are rendered with the model's Jinja template ([`chat_template`]);
 //! special-token text typed inside message content stays plain text.
 
 pub mod actor;
 pub mod chat_template;
 pub mod gguf;
+pub mod hf;
+pub mod hf_config;
+mod hf_decode;
 pub mod special;
 pub mod spm;
 
@@ -19,10 +25,13 @@ mod tests;
 #[cfg(test)]
 mod tests_gemma3;
 #[cfg(test)]
+mod tests_hf;
+#[cfg(test)]
 mod tests_spm;
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 
@@ -32,6 +41,7 @@ use crate::request::ChatMessage;
 pub use actor::TokenizerActor;
 pub use chat_template::{ChatTemplate, RenderedPrompt};
 pub use gguf::PreTokenizerKind;
+pub use hf_config::GenerationDefaults;
 pub use special::TokenType;
 
 use gguf::{GgufVocab, Metadata};
@@ -116,6 +126,25 @@ pub enum TokenizerError {
         /// What failed.
         reason: String,
     },
+    /// A file of a Hugging Face tokenizer directory is unreadable or holds a bad value.
+    #[error("{}: {}{reason}", file, key_prefix(key))]
+    HfFile {
+        /// The file's path.
+        file: String,
+        /// The JSON key (dotted path, e.g. `added_tokens_decoder.5.content`); empty when the
+        /// whole file is at fault.
+        key: String,
+        /// What is wrong, with any quoted value cut to [`QUOTE_MAX_CHARS`] and escaped.
+        reason: String,
+    },
+}
+
+fn key_prefix(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!("key `{key}`: ")
+    }
 }
 
 /// How text fragments between special tokens become ids.
@@ -130,6 +159,8 @@ enum Backend {
         /// `tokenizer.ggml.add_space_prefix`.
         add_space_prefix: bool,
     },
+    /// A Hugging Face `tokenizer.json`, used as is.
+    Hf(Box<hf::HfBackend>),
 }
 
 impl Backend {
@@ -156,6 +187,7 @@ impl Backend {
                 model,
                 add_space_prefix,
             } => model.encode(&text[range], *add_space_prefix && after_special, out),
+            Backend::Hf(hf) => hf.encode_fragment(text, range, out),
         }
     }
 }
@@ -174,6 +206,7 @@ struct Parts {
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<ChatTemplate>,
+    generation: GenerationDefaults,
 }
 
 /// A model's tokenizer: encode (with llama.cpp's special-token handling), decode to bytes,
@@ -199,6 +232,7 @@ pub struct TextTokenizer {
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<ChatTemplate>,
+    generation: GenerationDefaults,
 }
 
 impl TextTokenizer {
@@ -234,6 +268,17 @@ impl TextTokenizer {
             }
         };
         Ok(Self::assemble(parts))
+    }
+
+    /// Builds the tokenizer from a Hugging Face model directory: `tokenizer.json` (required,
+    /// used as is), `tokenizer_config.json` (optional: chat template, BOS/EOS, `add_bos_token`,
+    /// `added_tokens_decoder`), `chat_template.jinja` / `chat_template.json` (optional) and
+    /// `generation_config.json` (optional: EOS ids and [`GenerationDefaults`]). See [`hf`].
+    ///
+    /// # Errors
+    /// [`TokenizerError::HfFile`] naming the file and key of the first bad value.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        hf::load(dir).map(Self::assemble)
     }
 
     /// The `gpt2` pieces: vocabulary, BPE model, bytes from GPT-2's alphabet.
@@ -356,6 +401,7 @@ impl TextTokenizer {
             add_bos,
             add_eos,
             chat_template,
+            generation: GenerationDefaults::default(),
         })
     }
 
@@ -381,6 +427,7 @@ impl TextTokenizer {
             add_bos: parts.add_bos,
             add_eos: parts.add_eos,
             chat_template: parts.chat_template,
+            generation: parts.generation,
         }
     }
 
@@ -523,7 +570,7 @@ impl TextTokenizer {
     /// with the start of the text treated as the model's decoder treats it: llama.cpp
     /// `llama_detokenize` (`remove_special = false`) drops one leading space of the first
     /// token when `add_space_prefix` is set (so a BOS first keeps it); a Hugging Face
-    /// `Metaspace` or `Strip` decoder drops what it drops at the start (see the `hf` module).
+    /// `Metaspace` or `Strip` decoder drops what it drops at the start (see [`hf`]).
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut buf = Vec::with_capacity(ids.len() * 4);
         for (i, &id) in ids.iter().enumerate() {
@@ -537,8 +584,18 @@ impl TextTokenizer {
                     add_space_prefix: true,
                     ..
                 } => buf.extend_from_slice(bytes.strip_prefix(b" ").unwrap_or(bytes)),
+                Backend::Hf(hf) => {
+                    let text = self.token_text(id).unwrap_or_default();
+                    match hf.first_token_bytes(text, self.types.get(id as usize).copied()) {
+                        Some(first) => buf.extend_from_slice(&first),
+                        None => buf.extend_from_slice(bytes),
+                    }
+                }
                 _ => buf.extend_from_slice(bytes),
             }
+        }
+        if let Backend::Hf(hf) = &self.backend {
+            hf.finish_decode(&mut buf);
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
@@ -583,15 +640,21 @@ impl TextTokenizer {
     }
 
     /// Whether prompts start with BOS (`tokenizer.ggml.add_bos_token`, default false for
-    /// `gpt2` and true for `llama`; Hugging Face: see the `hf` module).
+    /// `gpt2` and true for `llama`; Hugging Face: see [`hf`]).
     pub fn add_bos(&self) -> bool {
         self.add_bos
     }
 
     /// Whether prompts end with EOS (`tokenizer.ggml.add_eos_token`, default false; Hugging
-    /// Face: see the `hf` module).
+    /// Face: see [`hf`]).
     pub fn add_eos(&self) -> bool {
         self.add_eos
+    }
+
+    /// Sampling defaults from generation_config.json (all `None` for GGUF models and for
+    /// directories without that file).
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.generation
     }
 
     /// The underlying Hugging Face tokenizer, when there is one: for GGUF `gpt2` the BPE +
@@ -601,6 +664,7 @@ impl TextTokenizer {
     pub fn hf_tokenizer(&self) -> Option<&tokenizers::Tokenizer> {
         match &self.backend {
             Backend::Bpe(t) => Some(t),
+            Backend::Hf(hf) => Some(hf.tokenizer()),
             Backend::Spm { .. } => None,
         }
     }
