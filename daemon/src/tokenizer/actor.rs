@@ -71,24 +71,16 @@ impl TokenizerActor {
     }
 
     /// Prompt ids for `input`: the chat template for messages, raw text otherwise
-    /// (special-token text in a raw prompt stays plain text). BOS is prepended when the
-    /// model asks for it (`tokenizer.ggml.add_bos_token`) and the prompt lacks it.
+    /// (special-token text in a raw prompt stays plain text). BOS / EOS are added as the
+    /// model asks (`TextTokenizer::add_bos`, `TextTokenizer::add_eos`), BOS not doubled.
     fn prompt_ids(&self, input: &PromptInput) -> Result<Vec<u32>, InferError> {
-        let mut ids = match input {
-            PromptInput::Messages(m) => self.tokenizer.encode_chat(m)?.1,
+        match input {
+            PromptInput::Messages(m) => Ok(self.tokenizer.encode_chat(m)?.1),
             PromptInput::Text(t) => self
                 .tokenizer
-                .encode(t, false)
-                .map_err(|e| InferError::validation(format!("prompt: {e}")))?,
-        };
-        if self.tokenizer.add_bos() {
-            if let Some(bos) = self.tokenizer.bos_token_id() {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
+                .encode_prompt(t)
+                .map_err(|e| InferError::validation(format!("prompt: {e}"))),
         }
-        Ok(ids)
     }
 }
 

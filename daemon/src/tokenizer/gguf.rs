@@ -45,7 +45,7 @@ pub const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 pub const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// Short type name of a GGUF value, for error messages.
-fn type_name(v: &Value) -> &'static str {
+pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::U8(_) => "u8",
         Value::I8(_) => "i8",
@@ -266,6 +266,33 @@ impl PreTokenizerKind {
     }
 }
 
+/// `tokenizer.ggml.tokens`, with empty texts replaced by `[EMPTY_<id>]` as llama.cpp's
+/// `llama_vocab::impl::load` does.
+///
+/// # Errors
+/// A missing key, a non-string entry, or a vocabulary of 0 or 2^32 and more tokens.
+pub fn read_tokens(md: &Metadata) -> Result<Vec<String>, TokenizerError> {
+    let tokens: Vec<String> = required_str_array(md, KEY_TOKENS)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                t.to_string()
+            }
+        })
+        .collect();
+    if tokens.is_empty() || u32::try_from(tokens.len()).is_err() {
+        return Err(TokenizerError::InvalidValue {
+            key: KEY_TOKENS.to_string(),
+            value: format!("{} tokens", tokens.len()),
+            reason: "the vocabulary must hold between 1 and 2^32-1 tokens".to_string(),
+        });
+    }
+    Ok(tokens)
+}
+
 /// The vocabulary read from metadata.
 #[derive(Debug, Clone)]
 pub struct GgufVocab {
@@ -303,24 +330,7 @@ impl GgufVocab {
                 value: pre_name.to_string(),
                 supported: PreTokenizerKind::SUPPORTED.to_string(),
             })?;
-        let tokens: Vec<String> = required_str_array(md, KEY_TOKENS)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if t.is_empty() {
-                    format!("[EMPTY_{i}]")
-                } else {
-                    t.to_string()
-                }
-            })
-            .collect();
-        if tokens.is_empty() || u32::try_from(tokens.len()).is_err() {
-            return Err(TokenizerError::InvalidValue {
-                key: KEY_TOKENS.to_string(),
-                value: format!("{} tokens", tokens.len()),
-                reason: "the vocabulary must hold between 1 and 2^32-1 tokens".to_string(),
-            });
-        }
+        let tokens = read_tokens(md)?;
         let token_types = required_int_array(md, KEY_TOKEN_TYPE)?;
         if token_types.len() != tokens.len() {
             return Err(TokenizerError::InvalidValue {

@@ -6,7 +6,7 @@
 //! `tokenizer_st_partition` splits special-token text out of the input before byte-level BPE runs
 //! on the remaining fragments.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
 /// Type of one vocabulary entry, from `tokenizer.ggml.token_type` (llama.cpp's `llama_token_type`).
@@ -59,26 +59,36 @@ impl TokenType {
     }
 }
 
-/// Texts that llama.cpp treats as end-of-generation markers (the `special_eog_ids` text list).
-/// A token with one of these texts is forced to control type.
+/// Texts that llama.cpp treats as end-of-generation markers (the `special_eog_ids` text list in
+/// `llama_vocab::impl::load`, b11312). A token with one of these texts is forced to control type.
 pub const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
     "<|end|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
+    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
-/// End markers that are only treated as EOG when the vocabulary already marks them as control
-/// (an addition to llama.cpp's list, for byte-level vocabularies that use `</s>`).
-pub const EOG_TEXTS_IF_CONTROL: &[&str] = &["</s>"];
+/// EOG texts whose presence makes `</s>` an ordinary token again (llama.cpp: "gemma4 and plamo
+/// have a normal </s> token"): `</s>` leaves the EOG set and becomes [`TokenType::Normal`].
+const NORMAL_EOS_MARKERS: &[&str] = &["<|tool_response>", "<|plamo:eos|>"];
 
 /// Which llama.cpp special-token role a text-detected token plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +160,7 @@ impl DetectedRole {
                 "<|end_of_text|>",
                 "<EOT>",
                 "_<EOT>",
+                "[EOT]",
                 "<｜end▁of▁sentence｜>",
                 "<end_of_utterance>",
             ],
@@ -162,6 +173,7 @@ impl DetectedRole {
                 "<PRE>",
                 "▁<PRE>",
                 "<|code_prefix|>",
+                "<|prefix|>",
             ],
             DetectedRole::FimSuf => &[
                 "<|fim_suffix|>",
@@ -171,6 +183,7 @@ impl DetectedRole {
                 "<SUF>",
                 "▁<SUF>",
                 "<|code_suffix|>",
+                "<|suffix|>",
             ],
             DetectedRole::FimMid => &[
                 "<|fim_middle|>",
@@ -180,8 +193,9 @@ impl DetectedRole {
                 "<MID>",
                 "▁<MID>",
                 "<|code_middle|>",
+                "<|middle|>",
             ],
-            DetectedRole::FimPad => &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"],
+            DetectedRole::FimPad => &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
             DetectedRole::FimRep => &[
                 "<|fim_repo|>",
                 "<|repo_name|>",
@@ -223,12 +237,14 @@ pub fn apply_fixups_and_eog(
     role_ids: &[(DetectedRole, Option<u32>)],
     eos: Option<u32>,
 ) -> Vec<u32> {
-    let find = |text: &str| -> Option<u32> {
-        tokens
-            .iter()
-            .position(|t| t == text)
-            .and_then(|i| u32::try_from(i).ok())
-    };
+    // Lowest id for each text (llama.cpp asserts that texts are unique).
+    let mut index: HashMap<&str, u32> = HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        if let Ok(id) = u32::try_from(i) {
+            index.entry(t.as_str()).or_insert(id);
+        }
+    }
+    let find = |text: &str| -> Option<u32> { index.get(text).copied() };
     let force_control = |types: &mut [TokenType], id: u32| {
         if let Some(t) = types.get_mut(id as usize) {
             *t = TokenType::Control;
@@ -257,13 +273,6 @@ pub fn apply_fixups_and_eog(
             force_control(types, id);
         }
     }
-    for text in EOG_TEXTS_IF_CONTROL {
-        if let Some(id) = find(text) {
-            if types.get(id as usize) == Some(&TokenType::Control) {
-                eog.insert(id);
-            }
-        }
-    }
     for text in FORCED_USER_DEFINED {
         if let Some(id) = find(text) {
             if let Some(t) = types.get_mut(id as usize) {
@@ -274,14 +283,25 @@ pub fn apply_fixups_and_eog(
     if let Some(eos) = eos {
         eog.insert(eos);
     }
-    // harmony: with <|return|> and <|call|>, <|end|> is not an end of generation.
-    let end_of = |text: &str| find(text).filter(|id| eog.contains(id));
-    if let (Some(_), Some(_), Some(end)) =
-        (end_of("<|return|>"), end_of("<|call|>"), end_of("<|end|>"))
-    {
+    // o200k_harmony / solar-open: with <|return|> and <|call|> (or <|calls|> and <|flush|>),
+    // <|end|> is not an end of generation.
+    let in_eog = |text: &str| find(text).is_some_and(|id| eog.contains(&id));
+    let has_call = in_eog("<|call|>") || in_eog("<|calls|>");
+    let harmony = has_call && (in_eog("<|return|>") || in_eog("<|flush|>"));
+    let normal_s = NORMAL_EOS_MARKERS.iter().any(|m| in_eog(m));
+    let end = find("<|end|>").filter(|id| eog.contains(id));
+    let s = find("</s>").filter(|id| eog.contains(id));
+    if let (true, Some(end)) = (harmony, end) {
         eog.remove(&end);
         if let Some(t) = types.get_mut(end as usize) {
             *t = TokenType::UserDefined;
+        }
+    }
+    // gemma4 / plamo: `</s>` is a normal token there.
+    if let (true, Some(s)) = (normal_s, s) {
+        eog.remove(&s);
+        if let Some(t) = types.get_mut(s as usize) {
+            *t = TokenType::Normal;
         }
     }
     eog.into_iter().collect()
@@ -297,24 +317,57 @@ pub enum Fragment {
     Text(Range<usize>),
 }
 
+/// One entry of the special-token cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecialEntry {
+    /// The token id.
+    pub id: u32,
+    /// The text that is split out of the input.
+    pub text: String,
+    /// Control and unknown entries match only with `parse_special`; user-defined ones always.
+    pub ty: TokenType,
+    /// Whitespace right before a match is dropped (Hugging Face `AddedToken.lstrip`, llama.cpp
+    /// `LLAMA_TOKEN_ATTR_LSTRIP`).
+    pub lstrip: bool,
+    /// Whitespace right after a match is dropped (`AddedToken.rstrip`,
+    /// `LLAMA_TOKEN_ATTR_RSTRIP`).
+    pub rstrip: bool,
+}
+
 /// The special-token cache: every control, user-defined and unknown token, longest text first
 /// (ties in id order; llama.cpp's `std::sort` leaves their order unspecified).
 #[derive(Debug, Clone, Default)]
 pub struct SpecialTokens {
-    entries: Vec<(u32, String, TokenType)>,
+    entries: Vec<SpecialEntry>,
 }
 
 impl SpecialTokens {
-    /// Builds the cache from the vocabulary texts and (fixed-up) types.
+    /// Builds the cache from the vocabulary texts and (fixed-up) types, as llama.cpp's
+    /// `cache_special_tokens` (no strip attributes).
     pub fn new(tokens: &[String], types: &[TokenType]) -> Self {
-        let mut entries: Vec<(u32, String, TokenType)> = tokens
+        let entries = tokens
             .iter()
             .zip(types)
             .enumerate()
             .filter(|(_, (text, ty))| ty.is_special() && !text.is_empty())
-            .filter_map(|(i, (text, ty))| Some((u32::try_from(i).ok()?, text.clone(), *ty)))
+            .filter_map(|(i, (text, ty))| {
+                Some(SpecialEntry {
+                    id: u32::try_from(i).ok()?,
+                    text: text.clone(),
+                    ty: *ty,
+                    lstrip: false,
+                    rstrip: false,
+                })
+            })
             .collect();
-        entries.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+        Self::from_entries(entries)
+    }
+
+    /// Builds the cache from explicit entries (empty texts are dropped), sorted longest text
+    /// (in bytes) first, ties by id.
+    pub fn from_entries(mut entries: Vec<SpecialEntry>) -> Self {
+        entries.retain(|e| !e.text.is_empty());
+        entries.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
         Self { entries }
     }
 
@@ -339,8 +392,10 @@ impl SpecialTokens {
     /// of them is skipped and the search goes on after its first byte. This is how chat message
     /// content stays plain text inside a rendered template.
     ///
-    /// The lstrip/rstrip token attributes llama.cpp sets for a few model families (phi-3, jina)
-    /// are not modelled.
+    /// An entry with `lstrip` / `rstrip` also swallows the whitespace (`char::is_whitespace`)
+    /// between it and the text before / after it, as Hugging Face's `AddedVocabulary` does.
+    /// GGUF vocabularies get no strip flags: the attributes llama.cpp sets by model name for
+    /// a few families (phi-3, jina) are not modelled.
     pub fn partition(
         &self,
         text: &str,
@@ -352,14 +407,16 @@ impl SpecialTokens {
             return fragments;
         }
         fragments.push(Fragment::Text(0..text.len()));
-        for (id, token_text, ty) in &self.entries {
-            let restricted = ty.needs_parse_special();
+        for entry in &self.entries {
+            let token_text = entry.text.as_str();
+            let restricted = entry.ty.needs_parse_special();
             if restricted && !parse_special {
                 continue;
             }
-            if !fragments.iter().any(
-                |f| matches!(f, Fragment::Text(r) if text[r.clone()].contains(token_text.as_str())),
-            ) {
+            if !fragments
+                .iter()
+                .any(|f| matches!(f, Fragment::Text(r) if text[r.clone()].contains(token_text)))
+            {
                 continue;
             }
             let mut next = Vec::with_capacity(fragments.len() + 2);
@@ -374,19 +431,27 @@ impl SpecialTokens {
                 let mut start = range.start;
                 let mut search = range.start;
                 while search < range.end {
-                    let Some(found) = text[search..range.end].find(token_text.as_str()) else {
+                    let Some(found) = text[search..range.end].find(token_text) else {
                         break;
                     };
                     let at = search + found;
-                    let end = at + token_text.len();
+                    let mut end = at + token_text.len();
                     if restricted && overlaps(plain, at..end) {
                         search = at + char_len_at(text, at);
                         continue;
                     }
-                    if at > start {
-                        next.push(Fragment::Text(start..at));
+                    let mut left_end = at;
+                    if entry.lstrip {
+                        left_end = start + text[start..at].trim_end().len();
                     }
-                    next.push(Fragment::Token(*id));
+                    if left_end > start {
+                        next.push(Fragment::Text(start..left_end));
+                    }
+                    next.push(Fragment::Token(entry.id));
+                    if entry.rstrip {
+                        let rest = &text[end..range.end];
+                        end += rest.len() - rest.trim_start().len();
+                    }
                     start = end;
                     search = end;
                 }

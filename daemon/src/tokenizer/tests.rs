@@ -264,17 +264,28 @@ fn with(key: &str, value: Option<Value>) -> Metadata {
 }
 
 #[test]
-fn sentencepiece_model_is_refused() {
-    let md = with(gguf::KEY_MODEL, Some(Value::String("llama".to_string())));
-    let err = TextTokenizer::from_gguf(&md).expect_err("llama is SentencePiece");
+fn unknown_tokenizer_model_is_refused() {
+    let md = with(gguf::KEY_MODEL, Some(Value::String("t5".to_string())));
+    let err = TextTokenizer::from_gguf(&md).expect_err("t5 is Unigram");
     assert!(
         matches!(err, TokenizerError::Unsupported { ref key, ref value, .. }
-        if key == "tokenizer.ggml.model" && value == "llama")
+        if key == "tokenizer.ggml.model" && value == "t5")
     );
-    let msg = err.to_string();
+    assert_eq!(
+        err.to_string(),
+        "GGUF metadata key `tokenizer.ggml.model` = \"t5\" is not supported (supported: gpt2 \
+         (byte-level BPE), llama (SentencePiece BPE))"
+    );
+}
+
+#[test]
+fn llama_model_without_scores_is_refused() {
+    // The SmolLM2 vocabulary relabelled as SentencePiece: scores are required.
+    let md = with(gguf::KEY_MODEL, Some(Value::String("llama".to_string())));
+    let err = TextTokenizer::from_gguf(&md).expect_err("no scores");
     assert!(
-        msg.contains("tokenizer.ggml.model") && msg.contains("llama"),
-        "{msg}"
+        matches!(err, TokenizerError::MissingKey { ref key } if key == "tokenizer.ggml.scores"),
+        "{err}"
     );
 }
 
