@@ -58,7 +58,15 @@ fn check_kv_fits_in_ram(kv_cache_bytes: u64, model_path: &std::path::Path) -> an
     else {
         return Ok(());
     };
-    let weights = std::fs::metadata(model_path).map_or(0, |m| m.len());
+    let weights = if model_path.is_dir() {
+        std::fs::read_dir(model_path).map_or(0, |d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+    } else {
+        std::fs::metadata(model_path).map_or(0, |m| m.len())
+    };
     let bound = mem_total.saturating_sub(weights);
     if kv_cache_bytes > bound {
         anyhow::bail!(
@@ -135,14 +143,14 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
     })?;
     let tokenizer = match loaded.format {
         ModelFormat::Gguf => TextTokenizer::from_gguf(&loaded.metadata),
-        ModelFormat::HfDir => anyhow::bail!(
-            "{}: Hugging Face directories load as models but their tokenizer is not wired yet",
-            loaded.path.display()
-        ),
+        ModelFormat::HfDir => TextTokenizer::from_hf_dir(&loaded.path),
     };
     let tokenizer = Arc::new(
         tokenizer.with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,
     );
+    if let Some(t) = load_chat_template(&settings.model.chat_template, &tokenizer)? {
+        tokenizer.set_template_override(Some(t));
+    }
     let cfg = loaded.model.spec().clone();
     let kv = loaded.model.kv_layout();
     if tokenizer.vocab_size() > cfg.vocab_size {
@@ -152,8 +160,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
             cfg.vocab_size
         );
     }
-    settings
-        .sampling
+    effective_sampling(settings, &tokenizer)
         .check(tokenizer.vocab_size())
         .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
     let context_length = match settings.model.context_length {
@@ -251,6 +258,58 @@ struct Running {
     engine_arbiter: Arbiter,
     store: Option<actix::Addr<PrefixStoreActor>>,
     vocab: Arc<PluginVocab>,
+    /// The tokenizer, for chat-template overrides and generation defaults on reload.
+    tokenizer: Arc<TextTokenizer>,
+}
+
+/// Reads and compiles `model.chat_template` (`None` when empty).
+///
+/// # Errors
+/// The file is unreadable, over 1 MiB, not UTF-8, or does not compile; the message names
+/// the key and the file.
+fn load_chat_template(
+    path: &std::path::Path,
+    tokenizer: &TextTokenizer,
+) -> anyhow::Result<Option<crate::tokenizer::ChatTemplate>> {
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let what = || format!("model.chat_template = {}", path.display());
+    let bytes = crate::model::source::read_bounded(path, 1 << 20).with_context(what)?;
+    let source = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{}: the file is not UTF-8", what()))?;
+    let t = tokenizer.compile_template(&source).with_context(what)?;
+    tracing::info!(file = %path.display(), "chat template: the operator's file, not the model's");
+    Ok(Some(t))
+}
+
+/// `[sampling]` with the model's `generation_config.json` values over it when
+/// `model.generation_config = "auto"` (`do_sample: false` means greedy, temperature 0).
+fn effective_sampling(
+    settings: &Settings,
+    tokenizer: &TextTokenizer,
+) -> crate::api::SamplingDefaults {
+    let mut d = settings.sampling.clone();
+    if settings.model.generation_config == crate::config::GenerationConfig::Ignore {
+        return d;
+    }
+    let g = tokenizer.generation_defaults();
+    if let Some(t) = g.temperature {
+        d.temperature = t;
+    }
+    if let Some(k) = g.top_k {
+        d.top_k = k;
+    }
+    if let Some(p) = g.top_p {
+        d.top_p = p;
+    }
+    if let Some(p) = g.min_p {
+        d.min_p = p;
+    }
+    if g.do_sample == Some(false) {
+        d.temperature = 0.0;
+    }
+    d
 }
 
 /// Starts the actors (inside the actix system) on what [`load`] built.
@@ -348,7 +407,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
             tokenizer: tokenizer_addr,
             utility_tokenizer,
             scheduler,
-            defaults: settings.sampling.clone(),
+            defaults: effective_sampling(settings, &tokenizer),
             vocab_size: tokenizer.vocab_size(),
             max_message_bytes: settings.server.max_message_bytes,
             plugins,
@@ -358,6 +417,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         engine_arbiter,
         store: store_addr,
         vocab,
+        tokenizer: tokenizer.clone(),
     }
 }
 
@@ -466,10 +526,15 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
 async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, running: &Running) {
     tracing::info!("SIGHUP: reloading the configuration");
     match try_reload(source, current, running).await {
-        Ok((new, plugins)) => {
+        Ok((new, plugins, template)) => {
             let restart: Vec<&str> = [
                 ("server.listen", current.server.listen != new.server.listen),
-                ("[model]", current.model != new.model),
+                ("[model]", {
+                    // model.chat_template is applied without a restart.
+                    let mut m = new.model.clone();
+                    m.chat_template = current.model.chat_template.clone();
+                    current.model != m
+                }),
                 ("[scheduler]", current.scheduler != new.scheduler),
                 ("[tokenizer]", current.tokenizer != new.tokenizer),
                 ("[prefix_store]", current.prefix_store != new.prefix_store),
@@ -487,9 +552,12 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
             if let Ok(mut p) = running.engine.plugins.write() {
                 *p = Arc::new(plugins);
             }
+            running.tokenizer.set_template_override(template);
+            let mut for_defaults = new.clone();
+            for_defaults.model.generation_config = current.model.generation_config;
             state.reconfigure(
                 new.server.api_key.clone(),
-                new.sampling.clone(),
+                effective_sampling(&for_defaults, &running.tokenizer),
                 new.server.max_message_bytes,
             );
             if let Ok(false) = crate::telemetry::set_level(&new.log.level) {
@@ -497,7 +565,10 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
             }
             let mut applied = new;
             applied.server.listen = current.server.listen.clone();
-            applied.model = current.model.clone();
+            applied.model = crate::config::ModelConfig {
+                chat_template: applied.model.chat_template.clone(),
+                ..current.model.clone()
+            };
             applied.scheduler = current.scheduler.clone();
             applied.tokenizer = current.tokenizer.clone();
             applied.prefix_store = current.prefix_store.clone();
@@ -511,14 +582,21 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
     }
 }
 
-/// The checked new settings and the freshly compiled plugin directory.
+/// The checked new settings, the freshly compiled plugin directory and chat template.
 async fn try_reload(
     source: &SettingsSource,
     current: &Settings,
     running: &Running,
-) -> anyhow::Result<(Settings, PluginRegistry)> {
+) -> anyhow::Result<(
+    Settings,
+    PluginRegistry,
+    Option<crate::tokenizer::ChatTemplate>,
+)> {
     let new = source.load()?;
-    new.sampling
+    let template = load_chat_template(&new.model.chat_template, &running.tokenizer)?;
+    let mut for_defaults = new.clone();
+    for_defaults.model.generation_config = current.model.generation_config;
+    effective_sampling(&for_defaults, &running.tokenizer)
         .check(running.engine.vocab_size)
         .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
     crate::telemetry::check_level(&new.log.level)
@@ -538,7 +616,7 @@ async fn try_reload(
         })
         .context("starting the plugin loading thread")?;
     let plugins = rx.await.context("the plugin loading thread died")??;
-    Ok((new, plugins))
+    Ok((new, plugins, template))
 }
 
 /// The disk tier with its counters, when `prefix_store.enabled`.

@@ -52,8 +52,9 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// GGUF file of the llama architecture. Relative paths resolve against the
-    /// current directory; a leading `~/` (or a bare `~`) is replaced by `$HOME`.
+    /// A GGUF file or a Hugging Face checkpoint directory. Relative paths resolve
+    /// against the current directory; a leading `~/` (or a bare `~`) is replaced by
+    /// `$HOME`.
     pub path: PathBuf,
     /// `"auto"`, `"cpu"` or `"cuda:N"`.
     pub device: String,
@@ -68,6 +69,24 @@ pub struct ModelConfig {
     /// value than the model's is rejected.
     #[serde(deserialize_with = "whole_number")]
     pub context_length: usize,
+    /// A Jinja chat template file used instead of the model's (vLLM's
+    /// `--chat-template`, llama.cpp's `--chat-template-file`); empty = the model's own.
+    /// Re-read on SIGHUP.
+    pub chat_template: PathBuf,
+    /// Whether the model's `generation_config.json` sampling values (temperature,
+    /// top-k, top-p, min-p; `do_sample: false` = greedy) replace the `[sampling]`
+    /// defaults for requests that omit them (vLLM's `--generation-config auto`).
+    pub generation_config: GenerationConfig,
+}
+
+/// `model.generation_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GenerationConfig {
+    /// The model's values, where it has them, over `[sampling]`.
+    Auto,
+    /// `[sampling]` only.
+    Ignore,
 }
 
 impl Default for ModelConfig {
@@ -79,6 +98,8 @@ impl Default for ModelConfig {
             kernels: Kernels::Native,
             quantize: Quantize::None,
             context_length: 0,
+            chat_template: PathBuf::new(),
+            generation_config: GenerationConfig::Auto,
         }
     }
 }
@@ -507,6 +528,9 @@ impl Settings {
     /// A path starts with `~` and `home` is `None`.
     pub fn expand_home(&mut self, home: Option<&Path>) -> Result<(), ConfigError> {
         expand_home("model.path", &mut self.model.path, home)?;
+        if !self.model.chat_template.as_os_str().is_empty() {
+            expand_home("model.chat_template", &mut self.model.chat_template, home)?;
+        }
         expand_home("plugins.dir", &mut self.plugins.dir, home)?;
         expand_home("prefix_store.path", &mut self.prefix_store.path, home)
     }

@@ -140,8 +140,24 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Like [`Daemon::start_config`] with another model (a GGUF file or a Hugging Face
+    /// directory) than the default.
+    pub fn start_model(model: &Path, config: Option<&Path>, env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn_model(config, model, &[], env, false)
+    }
+
     fn spawn(
         config: Option<&Path>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        bound_only: bool,
+    ) -> Result<Self> {
+        Self::spawn_model(config, &model_path(), args, env, bound_only)
+    }
+
+    fn spawn_model(
+        config: Option<&Path>,
+        model: &Path,
         args: &[&str],
         env: &[(&str, &str)],
         bound_only: bool,
@@ -152,7 +168,7 @@ impl Daemon {
             .arg("--config")
             .arg(config.map_or_else(|| root.join("configs/test.toml"), Path::to_path_buf))
             .arg("--model")
-            .arg(model_path())
+            .arg(model)
             .arg("--listen")
             .arg("127.0.0.1:0")
             .args(args)

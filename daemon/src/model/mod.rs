@@ -51,19 +51,21 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// The file is not valid (bad magic, truncated, inconsistent offsets, bad JSON).
-    #[error("model file {path} is not valid: {message}")]
+    #[error("model file {path} is not a valid {format}: {message}")]
     Corrupt {
         /// The path.
         path: String,
+        /// What it should have been (`GGUF file`, `JSON file`, `safetensors file`).
+        format: &'static str,
         /// What the parser found.
         message: String,
     },
     /// The architecture is not one this build implements.
-    #[error("unsupported model architecture {value} ({key}); supported: {supported}")]
+    #[error("unsupported model architecture `{value}` ({key}); supported: {supported}")]
     UnsupportedArchitecture {
         /// Where it was read (`general.architecture`, `config.json: architectures[0]`).
         key: String,
-        /// The value, quoted.
+        /// The value, escaped and cut ([`source::bounded`]).
         value: String,
         /// What is supported.
         supported: String,

@@ -232,6 +232,9 @@ pub struct TextTokenizer {
     add_bos: bool,
     add_eos: bool,
     chat_template: Option<ChatTemplate>,
+    /// The operator's template (`model.chat_template`), used instead of the model's;
+    /// replaced on SIGHUP.
+    template_override: std::sync::RwLock<Option<std::sync::Arc<ChatTemplate>>>,
     generation: GenerationDefaults,
 }
 
@@ -427,6 +430,7 @@ impl TextTokenizer {
             add_bos: parts.add_bos,
             add_eos: parts.add_eos,
             chat_template: parts.chat_template,
+            template_override: std::sync::RwLock::new(None),
             generation: parts.generation,
         }
     }
@@ -511,12 +515,18 @@ impl TextTokenizer {
     /// `validation` when the model has no chat template or the template fails (the template's
     /// own message for `raise_exception`); `internal` when encoding fails.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), InferError> {
-        let template = self.chat_template.as_ref().ok_or_else(|| {
-            InferError::validation(
-                "this model has no chat template (GGUF `tokenizer.chat_template`, or \
-                 `chat_template` in tokenizer_config.json); send a raw prompt instead",
-            )
-        })?;
+        let custom = self.template_override.read().ok().and_then(|g| g.clone());
+        let template = custom
+            .as_deref()
+            .or(self.chat_template.as_ref())
+            .ok_or_else(|| {
+                InferError::validation(
+                    "this model has no chat template (GGUF `tokenizer.chat_template`, or \
+                 `chat_template` in tokenizer_config.json): send a raw prompt (`prompt`, or \
+                 /v1/completions), or give the daemon a Jinja template file with \
+                 model.chat_template",
+                )
+            })?;
         let rendered = template.render_marked(messages, true)?;
         let mut ids = self
             .encode_with_plain_spans(&rendered.text, true, &rendered.content_spans)
@@ -525,9 +535,30 @@ impl TextTokenizer {
         Ok((rendered.text, ids))
     }
 
-    /// The model's chat template, if it has one.
+    /// The model's own chat template, if it has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
+    }
+
+    /// Compiles `source` as a chat template with this tokenizer's BOS and EOS texts.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Template`] when it does not compile.
+    pub fn compile_template(&self, source: &str) -> Result<ChatTemplate, TokenizerError> {
+        let text = |id: Option<u32>| {
+            id.and_then(|i| self.tokens.get(i as usize))
+                .cloned()
+                .unwrap_or_default()
+        };
+        ChatTemplate::new(source, text(self.bos), text(self.eos))
+    }
+
+    /// Uses `template` instead of the model's for chat requests from now on (`None`: the
+    /// model's again). Requests already tokenized are not affected.
+    pub fn set_template_override(&self, template: Option<ChatTemplate>) {
+        if let Ok(mut g) = self.template_override.write() {
+            *g = template.map(std::sync::Arc::new);
+        }
     }
 
     /// Raw bytes of token `id` as it appears in generated text (llama.cpp `token_to_piece`

@@ -92,6 +92,7 @@ impl GgufSource {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| ModelError::Corrupt {
             path: display.clone(),
+            format: "GGUF file",
             message: quote(&candle_error_message(&e)),
         })?;
         let name = match content.metadata.get("general.architecture") {
@@ -112,7 +113,7 @@ impl GgufSource {
         let arch =
             Architecture::from_gguf(&name).ok_or_else(|| ModelError::UnsupportedArchitecture {
                 key: "general.architecture".into(),
-                value: quote(&name),
+                value: super::bounded(&name),
                 supported: SUPPORTED_GGUF.into(),
             })?;
         Ok(Self {

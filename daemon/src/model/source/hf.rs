@@ -37,6 +37,7 @@ fn json_file(path: &Path) -> Result<Value, ModelError> {
     let text = read_bounded(path, MAX_JSON_BYTES)?;
     serde_json::from_slice(&text).map_err(|e| ModelError::Corrupt {
         path: path.display().to_string(),
+        format: "JSON file",
         message: format!("not valid JSON: {e}"),
     })
 }
@@ -102,6 +103,7 @@ impl HfSource {
             let loaded = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {
                 ModelError::Corrupt {
                     path: display.clone(),
+                    format: "safetensors file",
                     message: quote(&candle_error_message(&e)),
                 }
             })?;

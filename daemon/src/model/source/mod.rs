@@ -20,13 +20,18 @@ pub const QUOTE_CHARS: usize = 120;
 /// (Rust's `escape_debug`), cut to [`QUOTE_CHARS`] characters with the original length
 /// said, so a corrupt file cannot flood the log.
 pub fn quote(s: &str) -> String {
+    format!("\"{}\"", bounded(s))
+}
+
+/// [`quote`] without the quotes.
+pub fn bounded(s: &str) -> String {
     let total = s.chars().count();
     let cut: String = s.chars().take(QUOTE_CHARS).collect();
     let esc: String = cut.escape_debug().collect();
     if total > QUOTE_CHARS {
-        format!("\"{esc}\"… ({total} characters)")
+        format!("{esc}… ({total} characters)")
     } else {
-        format!("\"{esc}\"")
+        esc
     }
 }
 
@@ -45,6 +50,7 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ModelError> {
     if buf.len() as u64 > max {
         return Err(ModelError::Corrupt {
             path: path.display().to_string(),
+            format: "file of this kind",
             message: format!("larger than {max} bytes"),
         });
     }
@@ -62,6 +68,6 @@ mod tests {
         let long = "x".repeat(5000);
         let q = quote(&long);
         assert!(q.len() < 200, "{q}");
-        assert!(q.ends_with("(5000 characters)"), "{q}");
+        assert!(q.ends_with("(5000 characters)\""), "{q}");
     }
 }
