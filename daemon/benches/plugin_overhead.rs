@@ -2,7 +2,9 @@
 //!
 //! 1. Per-step cost of a plugin chain (`PluginChain::process`: copy the logits into the
 //!    guest, run it, apply its edit) for the `noop` and `ban_words` plugins at
-//!    vocabulary sizes 49,152 and 151,936 (synthetic vocabularies and logits).
+//!    vocabulary sizes 49,152 (SmolLM2), 151,936 (Qwen) and 262,144 (Gemma 3), synthetic
+//!    vocabularies and logits; and of the native sampler at the same sizes (greedy
+//!    argmax, and temperature 0.8 + top-k 40 + top-p 0.95 + min-p 0.05, the defaults).
 //! 2. End-to-end single-stream greedy decode on the default model without a plugin,
 //!    with `noop` and with `ban_words` (real vocabulary), in rounds with the order
 //!    rotated each round; overhead = the median over rounds of (decode time with the
@@ -130,7 +132,34 @@ struct MicroRow {
 
 fn micro() -> Vec<MicroRow> {
     let mut rows = Vec::new();
-    for vocab in [49_152usize, 151_936] {
+    for vocab in [49_152usize, 151_936, 262_144] {
+        for (plugin, params) in [("greedy", 0.0f32), ("sampler", 0.8)] {
+            let params = inferd::request::SamplingParams {
+                temperature: params,
+                top_k: 40,
+                top_p: 0.95,
+                min_p: 0.05,
+                seed: 7,
+                max_tokens: 1,
+                stop: Vec::new(),
+            };
+            let mut sampler = inferd::sampling::Sampler::new(&params);
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let logits: Vec<Vec<f32>> = (0..8)
+                .map(|_| (0..vocab).map(|_| rng.random_range(-10.0..10.0)).collect())
+                .collect();
+            let t = Instant::now();
+            let steps = 500;
+            for i in 0..steps {
+                std::hint::black_box(sampler.sample(&logits[i % 8]).expect("sample"));
+            }
+            rows.push(MicroRow {
+                plugin,
+                vocab,
+                per_step_us: t.elapsed().as_secs_f64() * 1e6 / steps as f64,
+                instantiate_configure_ms: 0.0,
+            });
+        }
         let reg = registry(synthetic_vocab(vocab), PluginLimits::default());
         for (plugin, config) in [("noop", "{}"), ("ban_words", BAN_CONFIG)] {
             let t = Instant::now();

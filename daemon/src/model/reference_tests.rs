@@ -250,3 +250,63 @@ fn tensor_backend_matches_transformers_on_every_architecture() {
         }
     }
 }
+
+/// An F16 or BF16 checkpoint stays in its dtype in memory (never expanded to f32), gets
+/// an f16 KV cache, and still follows transformers' f32 logits closely;
+/// `model.quantize = "q8_0"` turns the matrices into Q8_0.
+#[test]
+fn half_precision_checkpoints_stay_half_and_q8_0_quantizes() {
+    use super::matrix::{Kernels, Matrix, Quantize};
+    use super::weights::{Ffn, Projection};
+    use candle_core::DType;
+    let src = tiny_dir("qwen3");
+    let reference = crate::test_support::fixture_json("tiny-models/qwen3/reference.json");
+    let s = &reference["sequences"][2];
+    let input = ids(&s["input_ids"]);
+    let theirs = floats(&s["last_logits"]);
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).expect("load");
+    let first_matrix = |m: &Model| -> DType {
+        match &m.weights.layers[0].ffn {
+            Ffn::Dense {
+                down: Matrix::Dense(t),
+                ..
+            } => t.dtype(),
+            other => panic!("expected a dense down projection, got {other:?}"),
+        }
+    };
+    for (dtype, tol) in [(DType::F16, 5e-3f32), (DType::BF16, 3e-2)] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let half: std::collections::HashMap<String, candle_core::Tensor> = tensors
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_dtype(dtype).expect("cast")))
+            .collect();
+        candle_core::safetensors::save(&half, dir.path().join("model.safetensors")).expect("save");
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).expect("cfg");
+        let m = load_model(dir.path());
+        assert_eq!(first_matrix(&m), dtype);
+        assert_eq!(m.kv_layout().dtype, super::KvDtype::F16);
+        let d = rel_diff(&all_logits(&m, &input)[input.len() - 1], &theirs);
+        eprintln!("{dtype:?}: relative logit difference {d:.2e}");
+        assert!(d <= tol, "{dtype:?}: {d}");
+    }
+    let opts = LoadOptions {
+        device: Device::Cpu,
+        matrices: MatrixPolicy {
+            kernels: Kernels::Native,
+            quantize: Quantize::Q8_0,
+        },
+    };
+    let m = load(&src, &opts).expect("q8_0").model;
+    assert!(matches!(
+        m.weights.layers[0].qkv,
+        Projection::Fused {
+            matrix: Matrix::Q8_0(_),
+            ..
+        }
+    ));
+    let d = rel_diff(&all_logits(&m, &input)[input.len() - 1], &theirs);
+    eprintln!("Q8_0: relative logit difference {d:.2e}");
+    // Q8_0 rounds weights and (as ggml) activations to 8 bits: 3.4e-2 measured.
+    assert!(d <= 6e-2, "q8_0: {d}");
+}

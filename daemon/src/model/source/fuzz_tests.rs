@@ -178,3 +178,25 @@ fn damaged_hf_directories_are_refused_with_one_line() {
         assert!(!try_load(d, &format!("index naming {shard}")));
     }
 }
+
+/// A tensor name whose length field is corrupted swallows a large part of the file into
+/// the name (the case that once put up to 12 MB of raw bytes into the start-up error):
+/// the message stays one short escaped line.
+#[test]
+fn corrupted_tensor_name_length_gives_a_short_message() {
+    let mut b = std::fs::read(workspace_root().join("daemon/tests/fixtures/tiny-gguf/llama.gguf"))
+        .expect("tiny gguf");
+    let name = b"token_embd.weight";
+    // The tensor infos come after the metadata; the name's length precedes it.
+    let at = b
+        .windows(name.len() + 8)
+        .position(|w| w[..8] == (name.len() as u64).to_le_bytes() && &w[8..] == name)
+        .expect("tensor info");
+    for len in [100_000u64, b.len() as u64 - at as u64 - 9] {
+        b[at..at + 8].copy_from_slice(&len.to_le_bytes());
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, &b).expect("write");
+        assert!(!try_load(&path, &format!("tensor name length {len}")));
+    }
+}
