@@ -231,12 +231,13 @@ pub fn build<S: WeightSource>(
         (Embedding::Own(lookup_matrix(raw, device)?), out)
     } else {
         let out = b.matrix(Role::TokenEmbd, vocab, e)?;
-        if matches!(out, Matrix::Q4_1(_)) {
-            // Our Q4_1 layout cannot hand out rows: keep a lookup copy.
+        if device.is_cpu() && !matches!(out, Matrix::Q4_1(_)) {
+            (Embedding::Output, out)
+        } else {
+            // Our Q4_1 layout cannot hand out rows, and a device copy would be read back
+            // whole for each lookup: keep a host copy for lookups.
             let raw = b.src.matrix(Role::TokenEmbd, vocab, e)?;
             (Embedding::Own(lookup_matrix(raw, device)?), out)
-        } else {
-            (Embedding::Output, out)
         }
     };
     let layers = (0..spec.n_layer)
@@ -250,8 +251,9 @@ pub fn build<S: WeightSource>(
     })
 }
 
-/// An embedding matrix for row lookups: quantized types stay in their ggml blocks (no
-/// native kernel), so a 262k-row vocabulary is never expanded to f32.
+/// An embedding matrix for row lookups, on the host: quantized types stay in their ggml
+/// blocks (no native kernel), so a 262k-row vocabulary is never expanded to f32; rows
+/// are dequantized on the host and only they go to the device.
 fn lookup_matrix(raw: RawMatrix, device: &Device) -> Result<Matrix, ModelError> {
     Ok(match raw {
         RawMatrix::Quant(t) => Matrix::Quant(candle_core::quantized::QMatMul::QTensor(
