@@ -160,9 +160,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
             cfg.vocab_size
         );
     }
-    effective_sampling(settings, &tokenizer)
-        .check(tokenizer.vocab_size())
-        .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
+    check_sampling(settings, &tokenizer)?;
     let context_length = match settings.model.context_length {
         0 => cfg.context_length,
         n if n > cfg.context_length => anyhow::bail!(
@@ -278,9 +276,34 @@ fn load_chat_template(
     let bytes = crate::model::source::read_bounded(path, 1 << 20).with_context(what)?;
     let source = String::from_utf8(bytes)
         .map_err(|_| anyhow::anyhow!("{}: the file is not UTF-8", what()))?;
+    if source.trim().is_empty() {
+        anyhow::bail!("{}: the file is empty", what());
+    }
     let t = tokenizer.compile_template(&source).with_context(what)?;
     tracing::info!(file = %path.display(), "chat template: the operator's file, not the model's");
     Ok(Some(t))
+}
+
+/// Checks `[sampling]`, then the defaults with the model's `generation_config.json`
+/// values over them, each error naming where the bad value came from.
+///
+/// # Errors
+/// A default out of its bound.
+fn check_sampling(settings: &Settings, tokenizer: &TextTokenizer) -> anyhow::Result<()> {
+    let vocab = tokenizer.vocab_size();
+    settings
+        .sampling
+        .check(vocab)
+        .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
+    effective_sampling(settings, tokenizer)
+        .check(vocab)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the model's generation_config.json: {} (model.generation_config = \"ignore\" \
+             uses [sampling] alone)",
+                e.message
+            )
+        })
 }
 
 /// `[sampling]` with the model's `generation_config.json` values over it when
@@ -596,9 +619,7 @@ async fn try_reload(
     let template = load_chat_template(&new.model.chat_template, &running.tokenizer)?;
     let mut for_defaults = new.clone();
     for_defaults.model.generation_config = current.model.generation_config;
-    effective_sampling(&for_defaults, &running.tokenizer)
-        .check(running.engine.vocab_size)
-        .map_err(|e| anyhow::anyhow!("configuration error: sampling: {}", e.message))?;
+    check_sampling(&for_defaults, &running.tokenizer)?;
     crate::telemetry::check_level(&new.log.level)
         .map_err(|e| anyhow::anyhow!("configuration error: {e}"))?;
     if new.server.listen != current.server.listen {

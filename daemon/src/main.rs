@@ -23,7 +23,7 @@ enum Command {
         /// TOML config file (layers: defaults < file < INFERD__SECTION__KEY env < flags).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// GGUF model file (overrides model.path).
+        /// GGUF model file or Hugging Face checkpoint directory (overrides model.path).
         #[arg(long, value_name = "PATH")]
         model: Option<PathBuf>,
         /// Listen address host:port (overrides server.listen); port 0 picks a free one.

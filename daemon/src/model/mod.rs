@@ -43,12 +43,12 @@ pub use transformer::Model;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A file could not be opened or read.
-    #[error("cannot read model file {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The path.
         path: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error (not a `source`: the message already says it once).
+        error: std::io::Error,
     },
     /// The file is not valid (bad magic, truncated, inconsistent offsets, bad JSON).
     #[error("model file {path} is not a valid {format}: {message}")]

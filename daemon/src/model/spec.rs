@@ -155,6 +155,48 @@ pub struct MoeSpec {
     pub layers: Vec<bool>,
 }
 
+/// Which spec field a [`SpecError`] is about; each source maps it to its own key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecField {
+    /// Transformer blocks.
+    Layers,
+    /// Hidden size.
+    Hidden,
+    /// Query heads.
+    Heads,
+    /// Key/value heads.
+    KvHeads,
+    /// Per-head dimension.
+    HeadDim,
+    /// MLP width.
+    Ffn,
+    /// Vocabulary size.
+    Vocab,
+    /// Context window.
+    Context,
+    /// RoPE dimension.
+    RopeDim,
+    /// RoPE scaling factors.
+    RopeScaling,
+    /// RoPE base.
+    RopeTheta,
+    /// Sliding windows.
+    Window,
+    /// RMSNorm ε.
+    NormEps,
+    /// MoE counts.
+    Experts,
+}
+
+/// An inconsistent or out-of-bounds spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    /// The field.
+    pub field: SpecField,
+    /// What is wrong.
+    pub message: String,
+}
+
 /// Everything the decoder loop needs to know about an architecture instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
@@ -222,101 +264,134 @@ impl ModelSpec {
         2 * self.n_layer * self.kv_dim() * dtype_bytes
     }
 
-    /// Checks the numbers are consistent, naming `origin` (the file) and the field.
+    /// Checks the numbers are consistent and within bounds.
     ///
     /// # Errors
-    /// A message for zero sizes, heads that do not divide, an odd or too large RoPE
-    /// dimension, per-layer lists of the wrong length, or MoE counts out of range.
-    pub fn check(&self) -> Result<(), String> {
+    /// A [`SpecError`] naming the field for zero sizes, counts above the bounds, heads
+    /// that do not divide, an odd or too large RoPE dimension, per-layer lists of the
+    /// wrong length, or MoE counts out of range; each source names its own key for it.
+    pub fn check(&self) -> Result<(), SpecError> {
+        self.check_inner()
+            .map_err(|(field, message)| SpecError { field, message })
+    }
+
+    fn check_inner(&self) -> Result<(), (SpecField, String)> {
+        use SpecField as F;
         let nonzero = [
-            ("layers", self.n_layer),
-            ("hidden size", self.n_embd),
-            ("attention heads", self.n_head),
-            ("key/value heads", self.n_kv_head),
-            ("head_dim", self.head_dim),
-            ("intermediate size", self.n_ff),
-            ("vocabulary", self.vocab_size),
-            ("context length", self.context_length),
+            (F::Layers, "layers", self.n_layer),
+            (F::Hidden, "hidden size", self.n_embd),
+            (F::Heads, "attention heads", self.n_head),
+            (F::KvHeads, "key/value heads", self.n_kv_head),
+            (F::HeadDim, "head_dim", self.head_dim),
+            (F::Ffn, "intermediate size", self.n_ff),
+            (F::Vocab, "vocabulary", self.vocab_size),
+            (F::Context, "context length", self.context_length),
         ];
-        if let Some((what, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("{what} must be > 0"));
+        if let Some((f, what, _)) = nonzero.iter().find(|(_, _, v)| *v == 0) {
+            return Err((*f, format!("{what} must be > 0")));
         }
         // Bounds well above every released model, so that no count in a file can drive
         // an allocation or overflow the arithmetic of the shapes.
         let limits = [
-            ("layers", self.n_layer, MAX_LAYERS),
-            ("hidden size", self.n_embd, 1 << 17),
-            ("attention heads", self.n_head, 1 << 12),
-            ("key/value heads", self.n_kv_head, 1 << 12),
-            ("head_dim", self.head_dim, 1 << 12),
-            ("intermediate size", self.n_ff, 1 << 20),
-            ("vocabulary", self.vocab_size, 1 << 22),
-            ("context length", self.context_length, 1 << 21),
+            MAX_LAYERS,
+            1 << 17,
+            1 << 12,
+            1 << 12,
+            1 << 12,
+            1 << 20,
+            1 << 22,
+            1 << 21,
         ];
-        if let Some((what, v, max)) = limits.iter().find(|(_, v, max)| v > max) {
-            return Err(format!("{what} is {v}, above the supported {max}"));
+        if let Some(((f, what, v), max)) =
+            nonzero.iter().zip(limits).find(|((_, _, v), max)| v > max)
+        {
+            return Err((*f, format!("{what} is {v}, above the supported {max}")));
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
-            return Err(format!(
-                "attention heads ({}) must be a multiple of key/value heads ({})",
-                self.n_head, self.n_kv_head
+            return Err((
+                F::KvHeads,
+                format!(
+                    "attention heads ({}) must be a multiple of key/value heads ({})",
+                    self.n_head, self.n_kv_head
+                ),
             ));
         }
         let r = self.rope.dim;
         if r == 0 || r > self.head_dim || !r.is_multiple_of(2) {
-            return Err(format!(
-                "RoPE dimension must be even and in [2, {}] (got {r})",
-                self.head_dim
+            return Err((
+                F::RopeDim,
+                format!(
+                    "RoPE dimension must be even and in [2, {}] (got {r})",
+                    self.head_dim
+                ),
             ));
         }
         if let RopeScaling::Factors { factors, .. } = &self.rope.scaling {
             if factors.len() != r / 2 {
-                return Err(format!(
-                    "RoPE factors: {} values, the RoPE dimension {r} needs {}",
-                    factors.len(),
-                    r / 2
+                return Err((
+                    F::RopeScaling,
+                    format!(
+                        "RoPE factors: {} values, the RoPE dimension {r} needs {}",
+                        factors.len(),
+                        r / 2
+                    ),
                 ));
             }
         }
         if self.window.len() != self.n_layer {
-            return Err(format!(
-                "sliding-window list has {} entries for {} layers",
-                self.window.len(),
-                self.n_layer
+            return Err((
+                F::Window,
+                format!(
+                    "sliding-window list has {} entries for {} layers",
+                    self.window.len(),
+                    self.n_layer
+                ),
             ));
         }
         for w in self.window.iter().flatten() {
             if *w == 0 {
-                return Err("a sliding window of 0 tokens".into());
+                return Err((F::Window, "a sliding window of 0 tokens".into()));
             }
         }
         if !self.norm_eps.is_finite() || self.norm_eps < 0.0 {
-            return Err(format!(
-                "RMSNorm epsilon {} is not a finite number ≥ 0",
-                self.norm_eps
+            return Err((
+                F::NormEps,
+                format!(
+                    "RMSNorm epsilon {} is not a finite number ≥ 0",
+                    self.norm_eps
+                ),
             ));
         }
         if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
-            return Err(format!(
-                "RoPE base {} is not a finite number > 0",
-                self.rope.theta
+            return Err((
+                F::RopeTheta,
+                format!("RoPE base {} is not a finite number > 0", self.rope.theta),
             ));
         }
         if let Some(m) = &self.moe {
             if m.n_expert == 0 || m.n_expert_used == 0 || m.n_expert_used > m.n_expert {
-                return Err(format!(
-                    "experts: {} used of {} (need 1 ≤ used ≤ experts)",
-                    m.n_expert_used, m.n_expert
+                return Err((
+                    F::Experts,
+                    format!(
+                        "experts: {} used of {} (need 1 ≤ used ≤ experts)",
+                        m.n_expert_used, m.n_expert
+                    ),
                 ));
             }
             if m.n_expert > 1 << 12 || m.n_ff_expert > 1 << 20 {
-                return Err(format!(
-                    "{} experts of width {}: above the supported 4096 experts of 1048576",
-                    m.n_expert, m.n_ff_expert
+                return Err((
+                    F::Experts,
+                    format!(
+                        "{} experts of width {}: above the supported 4096 experts of 1048576",
+                        m.n_expert, m.n_ff_expert
+                    ),
                 ));
             }
             if m.n_ff_expert == 0 || m.layers.len() != self.n_layer {
-                return Err("expert MLP width is 0 or the MoE layer list is wrong".into());
+                return Err((
+                    F::Experts,
+                    "expert MLP width is 0 or the MoE layer list is wrong".into(),
+                ));
             }
         }
         Ok(())
@@ -367,27 +442,34 @@ mod tests {
     #[test]
     fn check_names_the_inconsistency() {
         assert_eq!(llama_like().check(), Ok(()));
+        let msg = |s: &ModelSpec| s.check().map_err(|e| e.message);
         let mut s = llama_like();
         s.n_kv_head = 3;
         assert_eq!(
-            s.check(),
+            msg(&s),
             Err("attention heads (4) must be a multiple of key/value heads (3)".into())
         );
         let mut s = llama_like();
         s.rope.dim = 17;
         assert_eq!(
-            s.check(),
+            msg(&s),
             Err("RoPE dimension must be even and in [2, 16] (got 17)".into())
         );
         let mut s = llama_like();
         s.window = vec![None];
         assert_eq!(
-            s.check(),
+            msg(&s),
             Err("sliding-window list has 1 entries for 2 layers".into())
         );
         let mut s = llama_like();
         s.vocab_size = 0;
-        assert_eq!(s.check(), Err("vocabulary must be > 0".into()));
+        assert_eq!(
+            s.check(),
+            Err(SpecError {
+                field: SpecField::Vocab,
+                message: "vocabulary must be > 0".into()
+            })
+        );
     }
 
     #[test]

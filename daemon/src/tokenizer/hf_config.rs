@@ -319,10 +319,10 @@ pub struct TemplateSource {
     pub key: String,
 }
 
-/// Finds the chat template as gguf-py's `SpecialVocab._try_load_from_tokenizer_json` does:
-/// `chat_template` of tokenizer_config.json (a string, or a list of `{name, template}` of which
-/// `default` is used), else `chat_template.jinja` beside it, else `chat_template` of
-/// `chat_template.json`.
+/// Finds the chat template as transformers does: `chat_template.jinja` when present (it
+/// takes priority over the config's), else `chat_template` of tokenizer_config.json (a
+/// string, or a list of `{name, template}` of which `default` is used), else
+/// `chat_template` of `chat_template.json`.
 ///
 /// # Errors
 /// A bad `chat_template` value or an unreadable template file.
@@ -330,14 +330,8 @@ pub fn chat_template(
     dir: &Path,
     config: Option<&JsonFile>,
 ) -> Result<Option<TemplateSource>, TokenizerError> {
-    if let Some(found) = config
-        .map(|c| template_value(c, "chat_template"))
-        .transpose()?
-    {
-        if found.is_some() {
-            return Ok(found);
-        }
-    }
+    // transformers: a `chat_template.jinja` file clobbers the template in
+    // tokenizer_config.json (`test_chat_template_file_priority`).
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
         return Ok(Some(TemplateSource {
@@ -345,6 +339,14 @@ pub fn chat_template(
             file: jinja,
             key: String::new(),
         }));
+    }
+    if let Some(found) = config
+        .map(|c| template_value(c, "chat_template"))
+        .transpose()?
+    {
+        if found.is_some() {
+            return Ok(found);
+        }
     }
     match JsonFile::read_optional(&dir.join("chat_template.json"))? {
         Some(file) => template_value(&file, "chat_template"),

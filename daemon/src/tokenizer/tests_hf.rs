@@ -509,3 +509,30 @@ fn fragments_encode_like_the_whole_string() {
     assert_eq!(rendered, "<s>ab<s>");
     assert_eq!(got, vec![0, 7]);
 }
+
+/// `chat_template.jinja` takes priority over tokenizer_config.json's `chat_template`, as
+/// in transformers (`test_chat_template_file_priority`), and a broken one is an error even
+/// when the config has a good template.
+#[test]
+fn chat_template_jinja_overrides_the_config_template() {
+    let c = fixture_json("tiny-models/qwen2/tokenizer_config.json");
+    let tmp = dir_with("tokenizer_config.json", Some(&c.to_string()));
+    std::fs::write(
+        tmp.path().join("chat_template.jinja"),
+        "FILE{% for m in messages %}[{{ m.content }}]{% endfor %}",
+    )
+    .expect("write");
+    let t = TextTokenizer::from_hf_dir(tmp.path()).expect("tokenizer");
+    let (rendered, _) = t
+        .encode_chat(&messages(
+            &serde_json::json!([{"role": "user", "content": "hi"}]),
+        ))
+        .expect("chat");
+    assert_eq!(rendered, "FILE[hi]");
+    std::fs::write(
+        tmp.path().join("chat_template.jinja"),
+        "{% for m in messages %}",
+    )
+    .expect("write");
+    assert!(TextTokenizer::from_hf_dir(tmp.path()).is_err());
+}

@@ -85,9 +85,9 @@ impl GgufSource {
     /// Unreadable, not GGUF, no or an unknown `general.architecture`.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let display = path.display().to_string();
-        let file = File::open(path).map_err(|source| ModelError::Io {
+        let file = File::open(path).map_err(|error| ModelError::Io {
             path: display.clone(),
-            source,
+            error,
         })?;
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| ModelError::Corrupt {
@@ -247,9 +247,28 @@ impl GgufSource {
             final_softcap: meta_f32(md, &k("final_logit_softcapping"))?,
             moe,
         };
-        spec.check().map_err(|message| ModelError::Metadata {
-            key: format!("{a}.*"),
-            message,
+        spec.check().map_err(|e| {
+            use super::super::spec::SpecField as F;
+            let key = match e.field {
+                F::Layers => k("block_count"),
+                F::Hidden => k("embedding_length"),
+                F::Heads => k("attention.head_count"),
+                F::KvHeads => k("attention.head_count_kv"),
+                F::HeadDim => k("attention.key_length"),
+                F::Ffn => k("feed_forward_length"),
+                F::Vocab => "token_embd.weight (rows)".into(),
+                F::Context => k("context_length"),
+                F::RopeDim => k("rope.dimension_count"),
+                F::RopeScaling => "rope_freqs.weight / rope_factors_*.weight".into(),
+                F::RopeTheta => k("rope.freq_base"),
+                F::Window => k("attention.sliding_window"),
+                F::NormEps => k("attention.layer_norm_rms_epsilon"),
+                F::Experts => k("expert_count / expert_used_count"),
+            };
+            ModelError::Metadata {
+                key,
+                message: e.message,
+            }
         })?;
         Ok(spec)
     }
@@ -323,9 +342,9 @@ impl GgufSource {
     }
 
     fn read_vector_at(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let file = File::open(&self.path).map_err(|source| ModelError::Io {
+        let file = File::open(&self.path).map_err(|error| ModelError::Io {
             path: self.path.clone(),
-            source,
+            error,
         })?;
         let mut reader = BufReader::new(file);
         read_vector(&self.content, &mut reader, name, len)

@@ -79,7 +79,7 @@ impl HfSource {
                 let Some(f) = f.as_str().filter(|f| !f.contains('/') && !f.contains("..")) else {
                     return Err(ModelError::Metadata {
                         key: format!("{}: weight_map", index.display()),
-                        message: format!("bad shard file name {}", quote(&f.to_string())),
+                        message: format!("bad shard file name {}", json_value(f)),
                     });
                 };
                 let p = dir.join(f);
@@ -95,9 +95,14 @@ impl HfSource {
         for f in &files {
             let display = f.display().to_string();
             if !f.is_file() {
+                let listed = if index.is_file() {
+                    " (listed in model.safetensors.index.json)"
+                } else {
+                    ""
+                };
                 return Err(ModelError::Io {
-                    path: display,
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+                    path: format!("{display}{listed}"),
+                    error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
                 });
             }
             let loaded = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {
@@ -188,7 +193,7 @@ impl HfSource {
     fn bad(&self, key: &str, want: &str, v: &Value) -> ModelError {
         ModelError::Metadata {
             key: format!("config.json: {key}"),
-            message: format!("expected {want}, found {}", quote(&v.to_string())),
+            message: format!("expected {want}, found {}", json_value(v)),
         }
     }
 
@@ -467,9 +472,28 @@ impl HfSource {
             final_softcap: self.f32_key("final_logit_softcapping")?,
             moe,
         };
-        spec.check().map_err(|message| ModelError::Metadata {
-            key: "config.json".into(),
-            message,
+        spec.check().map_err(|e| {
+            use super::super::spec::SpecField as F;
+            let key = match e.field {
+                F::Layers => "num_hidden_layers",
+                F::Hidden => "hidden_size",
+                F::Heads => "num_attention_heads",
+                F::KvHeads => "num_key_value_heads",
+                F::HeadDim => "head_dim",
+                F::Ffn => "intermediate_size",
+                F::Vocab => "vocab_size",
+                F::Context => "max_position_embeddings",
+                F::RopeDim => "partial_rotary_factor",
+                F::RopeScaling => "rope_scaling",
+                F::RopeTheta => "rope_theta",
+                F::Window => "sliding_window",
+                F::NormEps => "rms_norm_eps",
+                F::Experts => "num_experts / num_experts_per_tok / moe_intermediate_size",
+            };
+            ModelError::Metadata {
+                key: format!("config.json: {key}"),
+                message: e.message,
+            }
         })?;
         Ok(spec)
     }
@@ -543,6 +567,14 @@ impl HfSource {
             });
         }
         Ok((name, t.clone()))
+    }
+}
+
+/// A JSON value for a message: strings quoted once, other values as JSON, cut and escaped.
+fn json_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => quote(s),
+        other => super::bounded(&other.to_string()),
     }
 }
 

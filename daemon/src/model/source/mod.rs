@@ -40,9 +40,9 @@ pub fn bounded(s: &str) -> String {
 /// # Errors
 /// Unreadable, or larger than `max`.
 pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ModelError> {
-    let io = |source| ModelError::Io {
+    let io = |error| ModelError::Io {
         path: path.display().to_string(),
-        source,
+        error,
     };
     let file = std::fs::File::open(path).map_err(io)?;
     let mut buf = Vec::new();
