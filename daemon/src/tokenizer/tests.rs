@@ -23,7 +23,7 @@ fn tokenizer() -> &'static TextTokenizer {
     TOK.get_or_init(|| TextTokenizer::from_gguf(metadata()).expect("tokenizer from GGUF"))
 }
 
-fn ids(v: &Json) -> Vec<u32> {
+pub(super) fn ids(v: &Json) -> Vec<u32> {
     v.as_array()
         .expect("id array")
         .iter()
@@ -31,7 +31,7 @@ fn ids(v: &Json) -> Vec<u32> {
         .collect()
 }
 
-fn messages(v: &Json) -> Vec<ChatMessage> {
+pub(super) fn messages(v: &Json) -> Vec<ChatMessage> {
     v.as_array()
         .expect("messages array")
         .iter()

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
+use super::tests::{ids, messages};
 use super::*;
 use crate::test_support::{fixture_json, fixtures_dir};
 
@@ -20,25 +21,6 @@ const ARCHS: [&str; 7] = [
 
 fn dir(arch: &str) -> PathBuf {
     fixtures_dir().join("tiny-models").join(arch)
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().expect("id")).expect("u32 id"))
-        .collect()
-}
-
-fn messages(v: &Json) -> Vec<ChatMessage> {
-    v.as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| ChatMessage {
-            role: m["role"].as_str().expect("role").to_string(),
-            content: m["content"].as_str().expect("content").to_string(),
-        })
-        .collect()
 }
 
 #[test]
