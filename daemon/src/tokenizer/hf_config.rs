@@ -334,8 +334,12 @@ pub fn chat_template(
     // tokenizer_config.json (`test_chat_template_file_priority`).
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
+        let source = read_text(&jinja)?;
+        if source.trim().is_empty() {
+            return Err(file_error(&jinja, "", "the template file is empty"));
+        }
         return Ok(Some(TemplateSource {
-            source: read_text(&jinja)?,
+            source,
             file: jinja,
             key: String::new(),
         }));

@@ -522,9 +522,9 @@ impl TextTokenizer {
             .ok_or_else(|| {
                 InferError::validation(
                     "this model has no chat template (GGUF `tokenizer.chat_template`, or \
-                 `chat_template` in tokenizer_config.json): send a raw prompt (`prompt`, or \
-                 /v1/completions), or give the daemon a Jinja template file with \
-                 model.chat_template",
+                 chat_template.jinja / `chat_template` in tokenizer_config.json): send a raw \
+                 prompt (`prompt`, or /v1/completions), or give the daemon a Jinja template \
+                 file with model.chat_template",
                 )
             })?;
         let rendered = template.render_marked(messages, true)?;
