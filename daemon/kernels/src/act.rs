@@ -1,0 +1,338 @@
+//! Activation formats: what ggml converts the f32 activations to before the dot products
+//! (the weight type's `vec_dot_type`), with ggml's x86 quantizers.
+//!
+//! - [`Q8_0`] (`quantize_row_q8_0`, `ggml-cpu/arch/x86/quants.c`, AVX2 branch): per block
+//!   of 32, `amax = max |x|`, `d = amax / 127` stored as f16, `q = round_half_even(x ·
+//!   (127 / amax))`, all zero when `amax = 0`. For Q4_0, Q5_0 and Q8_0 weights.
+//! - [`Q8_1`] (`quantize_row_q8_1`): Q8_0's quants plus `s = f16(d · Σ q)` with the f32
+//!   `d`. For Q4_1 and Q5_1 weights.
+//! - [`Q8K`] (`quantize_row_q8_K_ref`, `ggml/src/ggml-quants.c`; x86 calls the reference):
+//!   per block of 256, `max` = the value of largest magnitude (first one on ties),
+//!   `iscale = -127 / max`, `q = min(127, nearest_int(iscale · x))`, `d = 1 / iscale`
+//!   (f32), and the 16 sums of 16 quants. For the K-quants.
+//! - [`F16`], [`Bf16`], [`F32`]: one value per "block" (`ggml_cpu_fp32_to_fp16`,
+//!   `ggml_cpu_fp32_to_bf16`, identity). For F16, BF16 and F32 weights.
+
+use crate::half::{f16_round, f32_to_bf16, f32_to_f16};
+use crate::KernelError;
+
+/// An activation format (ggml's `vec_dot_type`).
+pub trait ActFormat: Send + Sync + 'static {
+    /// One block of the format.
+    type Block: Copy + Send + Sync;
+    /// Values per block.
+    const BLOCK_VALUES: usize;
+    /// ggml's name for the format.
+    const NAME: &'static str;
+    /// A zeroed block (the initial value of a buffer).
+    const ZERO: Self::Block;
+    /// Converts one row (`x.len() = out.len() · BLOCK_VALUES`).
+    fn quantize_row(x: &[f32], out: &mut [Self::Block]);
+    /// The values a row of blocks stands for (`d · q`, or the widened float), for
+    /// reference computations.
+    fn dequantize_row(blocks: &[Self::Block], out: &mut [f32]);
+}
+
+/// Rows of activations in format `A`: `rows × k` values as `rows × k / A::BLOCK_VALUES`
+/// blocks, row-major.
+pub struct Activations<A: ActFormat> {
+    rows: usize,
+    k: usize,
+    blocks: Vec<A::Block>,
+}
+
+impl<A: ActFormat> Activations<A> {
+    /// Converts `rows` rows of `k` f32 values (`xs.len() = rows · k`).
+    pub fn quantize(xs: &[f32], rows: usize, k: usize) -> Result<Self, KernelError> {
+        if k % A::BLOCK_VALUES != 0 {
+            return Err(KernelError::Activations(format!(
+                "row length {k} is not a multiple of {}'s block of {}",
+                A::NAME,
+                A::BLOCK_VALUES
+            )));
+        }
+        if xs.len() != rows * k {
+            return Err(KernelError::Activations(format!(
+                "{} values given for {rows} rows of {k}",
+                xs.len()
+            )));
+        }
+        let per_row = k / A::BLOCK_VALUES;
+        let mut blocks = vec![A::ZERO; rows * per_row];
+        if per_row > 0 {
+            for (x, out) in xs.chunks_exact(k).zip(blocks.chunks_exact_mut(per_row)) {
+                A::quantize_row(x, out);
+            }
+        }
+        Ok(Self { rows, k, blocks })
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Row `j`'s blocks.
+    #[inline]
+    pub fn row(&self, j: usize) -> &[A::Block] {
+        let per_row = self.k / A::BLOCK_VALUES;
+        &self.blocks[j * per_row..(j + 1) * per_row]
+    }
+}
+
+/// A Q8_0 or Q8_1 block: `d` and `s` already widened from their f16 (as ggml's dot
+/// products use them), and the 32 quants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(32))]
+pub struct Q8Block {
+    /// The quants.
+    pub qs: [i8; 32],
+    /// Scale (`GGML_CPU_FP16_TO_FP32(y.d)`).
+    pub d: f32,
+    /// Q8_1 only: `f16(d · Σ q)` widened; 0 for Q8_0.
+    pub s: f32,
+}
+
+/// A Q8_K block: f32 scale, 256 quants, 16 sums of 16 quants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(32))]
+pub struct Q8KBlock {
+    /// The quants.
+    pub qs: [i8; 256],
+    /// `Σ qs[16 j .. 16 j + 16]`.
+    pub bsums: [i16; 16],
+    /// Scale (f32).
+    pub d: f32,
+}
+
+/// `block_q8_0` activations.
+pub struct Q8_0;
+/// `block_q8_1` activations.
+pub struct Q8_1;
+/// `block_q8_K` activations.
+pub struct Q8K;
+/// f16 activations.
+pub struct F16;
+/// bf16 activations.
+pub struct Bf16;
+/// f32 activations (unchanged).
+pub struct F32;
+
+/// ggml's AVX2 `quantize_row_q8_0` for one block; returns `(d_f32, quants)`.
+#[inline(always)]
+fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(x) {
+        // `_mm256_round_ps(_MM_ROUND_NEAREST)` then `_mm256_cvtps_epi32`: exact.
+        *q = (v * id).round_ties_even() as i8;
+    }
+    d
+}
+
+impl ActFormat for Q8_0 {
+    type Block = Q8Block;
+    const BLOCK_VALUES: usize = 32;
+    const NAME: &'static str = "q8_0";
+    const ZERO: Q8Block = Q8Block {
+        qs: [0; 32],
+        d: 0.0,
+        s: 0.0,
+    };
+    fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
+        for (xb, b) in x.chunks_exact(32).zip(out) {
+            let d = q8_block(xb, &mut b.qs);
+            b.d = f16_round(d);
+            b.s = 0.0;
+        }
+    }
+    fn dequantize_row(blocks: &[Q8Block], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+            for (v, &q) in o.iter_mut().zip(&b.qs) {
+                *v = b.d * f32::from(q);
+            }
+        }
+    }
+}
+
+impl ActFormat for Q8_1 {
+    type Block = Q8Block;
+    const BLOCK_VALUES: usize = 32;
+    const NAME: &'static str = "q8_1";
+    const ZERO: Q8Block = Q8Block {
+        qs: [0; 32],
+        d: 0.0,
+        s: 0.0,
+    };
+    fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
+        for (xb, b) in x.chunks_exact(32).zip(out) {
+            let d = q8_block(xb, &mut b.qs);
+            let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+            b.d = f16_round(d);
+            b.s = f16_round(d * sum as f32);
+        }
+    }
+    fn dequantize_row(blocks: &[Q8Block], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+            for (v, &q) in o.iter_mut().zip(&b.qs) {
+                *v = b.d * f32::from(q);
+            }
+        }
+    }
+}
+
+/// ggml's `nearest_int` as GCC compiles `nearest_int(iscale * x)` with
+/// `-ffp-contract=fast` (`-std=gnu11`): `fma(iscale, x, 12582912)` — the exact product
+/// rounded once, half to even — read back from the mantissa bits.
+#[inline(always)]
+fn nearest_int_fma(iscale: f32, x: f32) -> i32 {
+    let val = iscale.mul_add(x, 12_582_912.0);
+    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+impl ActFormat for Q8K {
+    type Block = Q8KBlock;
+    const BLOCK_VALUES: usize = 256;
+    const NAME: &'static str = "q8_K";
+    const ZERO: Q8KBlock = Q8KBlock {
+        qs: [0; 256],
+        bsums: [0; 16],
+        d: 0.0,
+    };
+    fn quantize_row(x: &[f32], out: &mut [Q8KBlock]) {
+        for (xb, b) in x.chunks_exact(256).zip(out) {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                *b = Self::ZERO;
+                continue;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = nearest_int_fma(iscale, v).min(127) as i8;
+            }
+            for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+                *s = c.iter().map(|&q| i16::from(q)).sum();
+            }
+            b.d = 1.0 / iscale;
+        }
+    }
+    fn dequantize_row(blocks: &[Q8KBlock], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(256)) {
+            for (v, &q) in o.iter_mut().zip(&b.qs) {
+                *v = b.d * f32::from(q);
+            }
+        }
+    }
+}
+
+impl ActFormat for F16 {
+    type Block = u16;
+    const BLOCK_VALUES: usize = 1;
+    const NAME: &'static str = "f16";
+    const ZERO: u16 = 0;
+    fn quantize_row(x: &[f32], out: &mut [u16]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f32_to_f16(v);
+        }
+    }
+    fn dequantize_row(blocks: &[u16], out: &mut [f32]) {
+        for (o, &h) in out.iter_mut().zip(blocks) {
+            *o = crate::half::f16_to_f32(h);
+        }
+    }
+}
+
+impl ActFormat for Bf16 {
+    type Block = u16;
+    const BLOCK_VALUES: usize = 1;
+    const NAME: &'static str = "bf16";
+    const ZERO: u16 = 0;
+    fn quantize_row(x: &[f32], out: &mut [u16]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f32_to_bf16(v);
+        }
+    }
+    fn dequantize_row(blocks: &[u16], out: &mut [f32]) {
+        for (o, &h) in out.iter_mut().zip(blocks) {
+            *o = crate::half::bf16_to_f32(h);
+        }
+    }
+}
+
+impl ActFormat for F32 {
+    type Block = f32;
+    const BLOCK_VALUES: usize = 1;
+    const NAME: &'static str = "f32";
+    const ZERO: f32 = 0.0;
+    fn quantize_row(x: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(x);
+    }
+    fn dequantize_row(blocks: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(blocks);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::quantize;
+    use candle_core::quantized::GgmlDType;
+
+    fn ramp(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect()
+    }
+
+    #[test]
+    fn q8_0_matches_candle_reference_quants() {
+        let x = ramp(96);
+        let a = Activations::<Q8_0>::quantize(&x, 1, 96).unwrap();
+        let (bytes, _) = quantize(&x, 1, 96, GgmlDType::Q8_0);
+        for (ours, theirs) in a.row(0).iter().zip(bytes.chunks_exact(34)) {
+            assert_eq!(ours.d, crate::half::le_f16(theirs, 0));
+            let q: Vec<i8> = theirs[2..].iter().map(|&b| b as i8).collect();
+            assert_eq!(ours.qs.to_vec(), q);
+        }
+    }
+
+    #[test]
+    fn q8_k_matches_candle_reference_quants_and_sums() {
+        let x = ramp(512);
+        let a = Activations::<Q8K>::quantize(&x, 1, 512).unwrap();
+        let (bytes, _) = quantize(&x, 1, 512, GgmlDType::Q8K);
+        for (ours, theirs) in a.row(0).iter().zip(bytes.chunks_exact(292)) {
+            assert_eq!(ours.d.to_le_bytes(), theirs[0..4]);
+            let q: Vec<i8> = theirs[4..260].iter().map(|&b| b as i8).collect();
+            assert_eq!(ours.qs.to_vec(), q);
+            let s: Vec<i16> = theirs[260..]
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            assert_eq!(ours.bsums.to_vec(), s);
+        }
+    }
+
+    #[test]
+    fn zero_blocks_and_bad_lengths() {
+        let a = Activations::<Q8K>::quantize(&[0.0; 256], 1, 256).unwrap();
+        assert_eq!(a.row(0)[0].d, 0.0);
+        assert!(matches!(
+            Activations::<Q8_0>::quantize(&[0.0; 40], 1, 40),
+            Err(KernelError::Activations(m)) if m.contains("40") && m.contains("32")
+        ));
+        assert!(Activations::<Q8_0>::quantize(&[0.0; 32], 2, 32).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! CPU matrix kernels for ggml's weight types, in ggml's arithmetic order.
+//!
+//! A GGUF linear weight is a matrix `W` of shape `(n, k)` (one output feature per row),
+//! each row `k / B` blocks of `B` values in one of ggml's formats (`ggml/src/ggml-common.h`
+//! of llama.cpp). `y = x · Wᵀ` is computed as llama.cpp's CPU backend computes it:
+//! the activation rows `x` (`rows × k`, f32) are first converted to the weight type's
+//! *activation format* (ggml's `vec_dot_type`: Q8_0, Q8_1, Q8_K, F16, BF16 or F32, see
+//! [`act`]), then every output is one dot product of a weight row with an activation row
+//! (ggml's `ggml_vec_dot_<w>_<a>`), whose float operations this crate performs in the
+//! order of ggml's x86 AVX2 code (`ggml/src/ggml-cpu/arch/x86/quants.c`), so that our
+//! results equal llama.cpp's bit for bit where llama.cpp takes that path.
+//!
+//! Layout:
+//! - [`Quant`]: one weight type — its block, activation format, dequantization (ggml's
+//!   `dequantize_row_*`, the reference the tests hold kernels to) and dot product. One
+//!   module per type ([`q4_0`], [`q4_1`], …); no module copies another's kernel.
+//! - Shared pieces, once: [`isa`] (feature detection, chosen at start-up), [`half`]
+//!   (f16/bf16 conversions), [`act`] (activation quantization), [`lanes`] (the 8-lane
+//!   f32 accumulator and ggml's horizontal sum).
+//! - [`QuantMatrix`]: a weight matrix of any implemented type behind one object-safe
+//!   interface ([`Kernel`]), with single-row (decode) and multi-row (prefill, batched
+//!   decode) products over any range of output features, for the caller's thread team.
+//!
+//! Every SIMD path gives the same bits as its portable path (tested per type, odd shapes
+//! included): the portable code performs the same float operations in the same order
+//! (eight independent lanes, `mul_add` where ggml uses FMA).
+
+pub mod act;
+pub mod half;
+pub mod isa;
+pub mod lanes;
+mod matrix;
+pub mod types;
+
+// pub mod bf16;
+// pub mod f16;
+// pub mod f32;
+// pub mod q2_k;
+// pub mod q3_k;
+pub mod q4_0;
+// pub mod q4_1;
+// pub mod q4_k;
+// pub mod q5_0;
+// pub mod q5_1;
+// pub mod q5_k;
+// pub mod q6_k;
+pub mod q8_0;
+
+#[cfg(test)]
+mod testing;
+
+pub use act::{ActFormat, Activations};
+pub use isa::Isa;
+pub use matrix::{Kernel, QuantMatrix};
+pub use types::GgmlType;
+
+/// Errors of this crate; each names what was given and what is allowed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    /// The weight type has no kernel here (IQ*, TQ*, MXFP4, …).
+    #[error("weight type {0} is not supported (supported: {supported})", supported = GgmlType::SUPPORTED_NAMES)]
+    Unsupported(String),
+    /// A row length that is not a whole number of blocks.
+    #[error("row length {k} is not a multiple of {ty}'s block of {block} values")]
+    RowLength {
+        ty: &'static str,
+        k: usize,
+        block: usize,
+    },
+    /// Weight bytes that do not match the shape.
+    #[error("{ty} matrix ({n}, {k}) needs {expected} bytes, got {got}")]
+    Bytes {
+        ty: &'static str,
+        n: usize,
+        k: usize,
+        expected: usize,
+        got: usize,
+    },
+    /// Activations of the wrong length, format or width for the matrix.
+    #[error("activations: {0}")]
+    Activations(String),
+    /// A row id outside the matrix (embedding lookup).
+    #[error("row {id} is outside the matrix of {n} rows")]
+    RowId { id: u32, n: usize },
+}
+
+/// One ggml weight type: its block layout, activation format, reference dequantization
+/// and dot product.
+///
+/// Implementations live one per module; [`QuantMatrix`] runs any of them through the
+/// object-safe [`Kernel`].
+pub trait Quant: Send + Sync + 'static {
+    /// The ggml type.
+    const TYPE: GgmlType;
+    /// Values per block (32 for the legacy types, 256 for the K-quants, 1 for floats).
+    const BLOCK_VALUES: usize;
+    /// Bytes per block, as in the GGUF file.
+    const BLOCK_BYTES: usize;
+    /// ggml's `vec_dot_type` for this weight type.
+    type Act: ActFormat;
+
+    /// ggml's `dequantize_row_<type>` for one block: `block` is `BLOCK_BYTES` bytes,
+    /// `out` `BLOCK_VALUES` values.
+    fn dequantize_block(block: &[u8], out: &mut [f32]);
+
+    /// The dot product of one weight row (`k / BLOCK_VALUES` blocks of bytes) with one
+    /// activation row of the same length `k`, in ggml's order (`ggml_vec_dot_*`).
+    fn vec_dot(isa: Isa, w: &[u8], a: &[<Self::Act as ActFormat>::Block]) -> f32;
+
+    /// Dot products of one weight row with several activation rows:
+    /// `out[j] = vec_dot(w, a_rows[j])`. Types may override this to unpack a weight
+    /// block once for all rows; the result must equal the one-row calls bit for bit.
+    fn vec_dot_rows(
+        isa: Isa,
+        w: &[u8],
+        a: &Activations<Self::Act>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        for (o, j) in out.iter_mut().zip(rows) {
+            *o = Self::vec_dot(isa, w, a.row(j));
+        }
+    }
+}

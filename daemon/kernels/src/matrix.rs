@@ -1,0 +1,291 @@
+//! One weight matrix of any implemented type behind one object-safe interface.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use crate::act::{self, ActFormat, Activations};
+use crate::{GgmlType, Isa, KernelError, Quant};
+
+/// Activations in whichever format a matrix's type needs ([`Kernel::quantize`]).
+pub enum AnyActivations {
+    Q8_0(Activations<act::Q8_0>),
+    Q8_1(Activations<act::Q8_1>),
+    Q8K(Activations<act::Q8K>),
+    F16(Activations<act::F16>),
+    Bf16(Activations<act::Bf16>),
+    F32(Activations<act::F32>),
+}
+
+impl AnyActivations {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            AnyActivations::Q8_0(a) => a.rows(),
+            AnyActivations::Q8_1(a) => a.rows(),
+            AnyActivations::Q8K(a) => a.rows(),
+            AnyActivations::F16(a) => a.rows(),
+            AnyActivations::Bf16(a) => a.rows(),
+            AnyActivations::F32(a) => a.rows(),
+        }
+    }
+}
+
+/// Moves a format's activations in and out of [`AnyActivations`].
+pub trait Wrap: ActFormat + Sized {
+    fn wrap(a: Activations<Self>) -> AnyActivations;
+    fn unwrap(a: &AnyActivations) -> Option<&Activations<Self>>;
+}
+
+macro_rules! wrap {
+    ($fmt:ty, $var:ident) => {
+        impl Wrap for $fmt {
+            fn wrap(a: Activations<Self>) -> AnyActivations {
+                AnyActivations::$var(a)
+            }
+            fn unwrap(a: &AnyActivations) -> Option<&Activations<Self>> {
+                match a {
+                    AnyActivations::$var(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+wrap!(act::Q8_0, Q8_0);
+wrap!(act::Q8_1, Q8_1);
+wrap!(act::Q8K, Q8K);
+wrap!(act::F16, F16);
+wrap!(act::Bf16, Bf16);
+wrap!(act::F32, F32);
+
+/// A weight type's kernels behind dynamic dispatch (one per [`Quant`] type).
+pub trait Kernel: Send + Sync {
+    /// The weight type.
+    fn ty(&self) -> GgmlType;
+    /// Converts `rows × k` f32 activations to the type's activation format.
+    fn quantize(&self, xs: &[f32], rows: usize, k: usize) -> Result<AnyActivations, KernelError>;
+    /// `out[j · features.len() + (r − features.start)] = w_r · a_j` for every activation
+    /// row `j` and weight row `r` in `features`; `w` holds all rows, `row_bytes` each.
+    fn matmul_range(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        act: &AnyActivations,
+        features: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError>;
+    /// ggml's dequantization of one row.
+    fn dequantize_row(&self, row: &[u8], out: &mut [f32]);
+}
+
+/// The [`Kernel`] of a [`Quant`] type.
+struct Typed<Q>(PhantomData<fn() -> Q>);
+
+impl<Q: Quant> Kernel for Typed<Q>
+where
+    Q::Act: Wrap,
+{
+    fn ty(&self) -> GgmlType {
+        Q::TYPE
+    }
+
+    fn quantize(&self, xs: &[f32], rows: usize, k: usize) -> Result<AnyActivations, KernelError> {
+        Ok(Q::Act::wrap(Activations::quantize(xs, rows, k)?))
+    }
+
+    fn matmul_range(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        act: &AnyActivations,
+        features: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let a = Q::Act::unwrap(act).ok_or_else(|| {
+            KernelError::Activations(format!(
+                "{} weights need {} activations",
+                Q::TYPE.name(),
+                Q::Act::NAME
+            ))
+        })?;
+        let len = features.len();
+        let rows = a.rows();
+        if out.len() != rows * len || features.end * row_bytes > w.len() {
+            return Err(KernelError::Activations(format!(
+                "output of {} values for {rows} rows × {len} features, or features {features:?} beyond the matrix",
+                out.len()
+            )));
+        }
+        if a.k() / Q::BLOCK_VALUES * Q::BLOCK_BYTES != row_bytes {
+            return Err(KernelError::Activations(format!(
+                "rows of {} values do not match weight rows of {row_bytes} bytes",
+                a.k()
+            )));
+        }
+        // Activation rows in chunks, each weight row's bytes reused from L1 across them.
+        const CHUNK: usize = 8;
+        let mut col = [0f32; CHUNK];
+        for j0 in (0..rows).step_by(CHUNK) {
+            let j1 = (j0 + CHUNK).min(rows);
+            for (i, r) in features.clone().enumerate() {
+                let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+                Q::vec_dot_rows(isa, wr, a, j0..j1, &mut col[..j1 - j0]);
+                for (jj, &v) in col[..j1 - j0].iter().enumerate() {
+                    out[(j0 + jj) * len + i] = v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn dequantize_row(&self, row: &[u8], out: &mut [f32]) {
+        for (b, o) in row
+            .chunks_exact(Q::BLOCK_BYTES)
+            .zip(out.chunks_exact_mut(Q::BLOCK_VALUES))
+        {
+            Q::dequantize_block(b, o);
+        }
+    }
+}
+
+/// The kernel of an implemented type.
+pub fn kernel_for(ty: GgmlType) -> &'static dyn Kernel {
+    macro_rules! k {
+        ($q:ty) => {{
+            static K: Typed<$q> = Typed(PhantomData);
+            &K
+        }};
+    }
+    match ty {
+        // GgmlType::F32 => k!(crate::f32::F32Weights),
+        // GgmlType::F16 => k!(crate::f16::F16Weights),
+        // GgmlType::Bf16 => k!(crate::bf16::Bf16Weights),
+        GgmlType::Q4_0 => k!(crate::q4_0::Q4_0),
+        // GgmlType::Q4_1 => k!(crate::q4_1::Q4_1),
+        // GgmlType::Q5_0 => k!(crate::q5_0::Q5_0),
+        // GgmlType::Q5_1 => k!(crate::q5_1::Q5_1),
+        GgmlType::Q8_0 => k!(crate::q8_0::Q8_0),
+        _ => unimplemented!("being written"),
+        // GgmlType::Q2K => k!(crate::q2_k::Q2K),
+        // GgmlType::Q3K => k!(crate::q3_k::Q3K),
+        // GgmlType::Q4K => k!(crate::q4_k::Q4K),
+        // GgmlType::Q5K => k!(crate::q5_k::Q5K),
+        // GgmlType::Q6K => k!(crate::q6_k::Q6K),
+    }
+}
+
+/// A weight matrix `(n, k)` in its GGUF bytes (`n` rows of `k` values), for
+/// `y = x · Wᵀ` with any implemented type's kernels.
+pub struct QuantMatrix {
+    kernel: &'static dyn Kernel,
+    n: usize,
+    k: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QuantMatrix({}, {}×{})",
+            self.kernel.ty().name(),
+            self.n,
+            self.k
+        )
+    }
+}
+
+impl QuantMatrix {
+    /// A matrix of type `ty` from its bytes (`n` rows of `k` values, ggml layout).
+    pub fn new(ty: GgmlType, data: Vec<u8>, n: usize, k: usize) -> Result<Self, KernelError> {
+        let (values, _) = ty.block();
+        if k == 0 || k % values != 0 {
+            return Err(KernelError::RowLength {
+                ty: ty.name(),
+                k,
+                block: values,
+            });
+        }
+        let row_bytes = ty.row_bytes(k);
+        if data.len() != n * row_bytes {
+            return Err(KernelError::Bytes {
+                ty: ty.name(),
+                n,
+                k,
+                expected: n * row_bytes,
+                got: data.len(),
+            });
+        }
+        Ok(Self {
+            kernel: kernel_for(ty),
+            n,
+            k,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// The weight type.
+    pub fn ty(&self) -> GgmlType {
+        self.kernel.ty()
+    }
+
+    /// `(n, k)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The stored bytes (ggml layout).
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Converts `rows × k` activations to this type's activation format.
+    pub fn quantize(&self, xs: &[f32], rows: usize) -> Result<AnyActivations, KernelError> {
+        self.kernel.quantize(xs, rows, self.k)
+    }
+
+    /// Outputs for weight rows `features` (see [`Kernel::matmul_range`]); threads call
+    /// this on disjoint ranges.
+    pub fn matmul_range(
+        &self,
+        isa: Isa,
+        act: &AnyActivations,
+        features: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        if features.end > self.n {
+            return Err(KernelError::Activations(format!(
+                "features {features:?} beyond {} rows",
+                self.n
+            )));
+        }
+        self.kernel
+            .matmul_range(isa, &self.data, self.row_bytes, act, features, out)
+    }
+
+    /// `x · Wᵀ` on the calling thread: `rows × n` outputs.
+    pub fn matmul(&self, isa: Isa, xs: &[f32], rows: usize) -> Result<Vec<f32>, KernelError> {
+        let act = self.quantize(xs, rows)?;
+        let mut out = vec![0f32; rows * self.n];
+        self.matmul_range(isa, &act, 0..self.n, &mut out)?;
+        Ok(out)
+    }
+
+    /// The dequantized rows `ids` (an embedding lookup): `ids.len() × k` values.
+    pub fn dequantize_rows(&self, ids: &[u32]) -> Result<Vec<f32>, KernelError> {
+        let mut out = vec![0f32; ids.len() * self.k];
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(self.k)) {
+            let r = id as usize;
+            if r >= self.n {
+                return Err(KernelError::RowId { id, n: self.n });
+            }
+            self.kernel
+                .dequantize_row(&self.data[r * self.row_bytes..(r + 1) * self.row_bytes], o);
+        }
+        Ok(out)
+    }
+}

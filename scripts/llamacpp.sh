@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The peer and numerical reference: llama.cpp built natively, outside the repository.
+#
+#   scripts/llamacpp.sh build     downloads the PyPI sdist of llama-cpp-python 0.3.36 (which
+#                                 vendors llama.cpp b11312), builds vendor/llama.cpp with cmake
+#                                 (Release, GGML_NATIVE=ON, OpenMP) and prints the bin folder.
+#   scripts/llamacpp.sh bin       prints the bin folder (building first when it is missing).
+#
+# Everything lives under $INFERD_LLAMACPP_DIR (default ~/.cache/inferd/llamacpp-0.3.36):
+# the sdist, its source tree, build/ and build/bin/{llama-server,llama-bench,llama-quantize,
+# llama-tokenize}. `build-info.txt` there records the commit and the flags. cmake is
+# installed from PyPI when the machine has none. A 2-core machine needs about 15 minutes.
+set -euo pipefail
+
+version="0.3.36"
+dir="${INFERD_LLAMACPP_DIR:-$HOME/.cache/inferd/llamacpp-$version}"
+src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
+bin="$src/build/bin"
+targets=(llama-server llama-bench llama-quantize llama-tokenize)
+flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DLLAMA_CURL=OFF
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
+       -DLLAMA_BUILD_SERVER=ON)
+
+built() {
+    for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
+    [ -f "$dir/build-info.txt" ]
+}
+
+build() {
+    mkdir -p "$dir"
+    if [ ! -f "$src/CMakeLists.txt" ]; then
+        echo "llamacpp: downloading the llama-cpp-python $version sdist" >&2
+        python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+            -d "$dir" "llama-cpp-python==$version"
+        tar -xzf "$dir/llama_cpp_python-$version.tar.gz" -C "$dir"
+    fi
+    if ! command -v cmake >/dev/null; then
+        python3 -m pip install --quiet --disable-pip-version-check cmake
+    fi
+    echo "llamacpp: building ${targets[*]} in $src/build" >&2
+    cmake -S "$src" -B "$src/build" "${flags[@]}" >"$dir/cmake-configure.log"
+    cmake --build "$src/build" --config Release -j "$(nproc)" --target "${targets[@]}" \
+        >"$dir/cmake-build.log"
+    commit="$(grep -o 'LLAMA_BUILD_NUMBER [0-9]*' "$src/build/common/build-info.cpp" 2>/dev/null || true)"
+    {
+        echo "llama-cpp-python $version sdist, vendor/llama.cpp"
+        "$bin/llama-server" --version 2>&1 | grep -E 'version|built' || echo "$commit"
+        echo "cmake ${flags[*]}"
+    } >"$dir/build-info.txt"
+}
+
+case "${1:-}" in
+    build) build; echo "$bin" ;;
+    bin) built || build; echo "$bin" ;;
+    *) echo "usage: scripts/llamacpp.sh build|bin" >&2; exit 2 ;;
+esac
