@@ -38,9 +38,9 @@ build() {
         python3 -m pip install --quiet --disable-pip-version-check cmake
     fi
     echo "llamacpp: building ${targets[*]} in $src/build" >&2
-    cmake -S "$src" -B "$src/build" "${flags[@]}" >"$dir/cmake-configure.log"
+    cmake -S "$src" -B "$src/build" "${flags[@]}" >"$dir/cmake-configure.log" 2>&1
     cmake --build "$src/build" --config Release -j "$(nproc)" --target "${targets[@]}" \
-        >"$dir/cmake-build.log"
+        >"$dir/cmake-build.log" 2>&1
     commit="$(grep -o 'LLAMA_BUILD_NUMBER [0-9]*' "$src/build/common/build-info.cpp" 2>/dev/null || true)"
     {
         echo "llama-cpp-python $version sdist, vendor/llama.cpp"
