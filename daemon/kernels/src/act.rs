@@ -44,7 +44,7 @@ pub struct Activations<A: ActFormat> {
 impl<A: ActFormat> Activations<A> {
     /// Converts `rows` rows of `k` f32 values (`xs.len() = rows · k`).
     pub fn quantize(xs: &[f32], rows: usize, k: usize) -> Result<Self, KernelError> {
-        if k % A::BLOCK_VALUES != 0 {
+        if !k.is_multiple_of(A::BLOCK_VALUES) {
             return Err(KernelError::Activations(format!(
                 "row length {k} is not a multiple of {}'s block of {}",
                 A::NAME,

@@ -7,8 +7,14 @@
 //! *activation format* (ggml's `vec_dot_type`: Q8_0, Q8_1, Q8_K, F16, BF16 or F32, see
 //! [`act`]), then every output is one dot product of a weight row with an activation row
 //! (ggml's `ggml_vec_dot_<w>_<a>`), whose float operations this crate performs in the
-//! order of ggml's x86 AVX2 code (`ggml/src/ggml-cpu/arch/x86/quants.c`), so that our
-//! results equal llama.cpp's bit for bit where llama.cpp takes that path.
+//! order llama.cpp's CPU backend performs them on an AVX-512 x86 machine built with
+//! `GGML_NATIVE` (GCC, `-march=native`): the `__AVX2__` branches of
+//! `ggml/src/ggml-cpu/arch/x86/quants.c` for the quantized types, the AVX-512
+//! `GGML_SIMD` code of `ggml/src/ggml-cpu/vec.cpp` for F16/BF16/F32. Our results equal
+//! llama.cpp's bit for bit where it takes those paths: every single-row product, and
+//! multi-row products of types that have no other path (see each module for the
+//! batched paths llama.cpp takes instead: llamafile's tinyBLAS, repacked and tiled
+//! kernels).
 //!
 //! Layout:
 //! - [`Quant`]: one weight type — its block, activation format, dequantization (ggml's
@@ -32,18 +38,18 @@ pub mod lanes;
 mod matrix;
 pub mod types;
 
-// pub mod bf16;
-// pub mod f16;
-// pub mod f32;
-// pub mod q2_k;
-// pub mod q3_k;
+pub mod bf16;
+pub mod f16;
+pub mod f32;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_0;
-// pub mod q4_1;
-// pub mod q4_k;
-// pub mod q5_0;
-// pub mod q5_1;
-// pub mod q5_k;
-// pub mod q6_k;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
 pub mod q8_0;
 
 #[cfg(test)]

@@ -64,8 +64,10 @@ pub trait Kernel: Send + Sync {
     fn ty(&self) -> GgmlType;
     /// Converts `rows × k` f32 activations to the type's activation format.
     fn quantize(&self, xs: &[f32], rows: usize, k: usize) -> Result<AnyActivations, KernelError>;
-    /// `out[j · features.len() + (r − features.start)] = w_r · a_j` for every activation
-    /// row `j` and weight row `r` in `features`; `w` holds all rows, `row_bytes` each.
+    /// `out[(r − features.start) · rows + j] = w_r · a_j` for every activation row `j`
+    /// (of `rows`) and weight row `r` in `features` (weight-row major, so that threads
+    /// computing disjoint feature ranges write disjoint slices); `w` holds all rows,
+    /// `row_bytes` each.
     fn matmul_range(
         &self,
         isa: Isa,
@@ -112,6 +114,9 @@ where
         })?;
         let len = features.len();
         let rows = a.rows();
+        if rows == 0 {
+            return Ok(());
+        }
         if out.len() != rows * len || features.end * row_bytes > w.len() {
             return Err(KernelError::Activations(format!(
                 "output of {} values for {rows} rows × {len} features, or features {features:?} beyond the matrix",
@@ -124,17 +129,14 @@ where
                 a.k()
             )));
         }
-        // Activation rows in chunks, each weight row's bytes reused from L1 across them.
+        // Activation rows in chunks that stay in L1/L2, each weight row's bytes reused
+        // across a chunk.
         const CHUNK: usize = 8;
-        let mut col = [0f32; CHUNK];
         for j0 in (0..rows).step_by(CHUNK) {
             let j1 = (j0 + CHUNK).min(rows);
-            for (i, r) in features.clone().enumerate() {
+            for (r, o) in features.clone().zip(out.chunks_exact_mut(rows)) {
                 let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-                Q::vec_dot_rows(isa, wr, a, j0..j1, &mut col[..j1 - j0]);
-                for (jj, &v) in col[..j1 - j0].iter().enumerate() {
-                    out[(j0 + jj) * len + i] = v;
-                }
+                Q::vec_dot_rows(isa, wr, a, j0..j1, &mut o[j0..j1]);
             }
         }
         Ok(())
@@ -159,20 +161,19 @@ pub fn kernel_for(ty: GgmlType) -> &'static dyn Kernel {
         }};
     }
     match ty {
-        // GgmlType::F32 => k!(crate::f32::F32Weights),
-        // GgmlType::F16 => k!(crate::f16::F16Weights),
-        // GgmlType::Bf16 => k!(crate::bf16::Bf16Weights),
+        GgmlType::F32 => k!(crate::f32::F32Weights),
+        GgmlType::F16 => k!(crate::f16::F16Weights),
+        GgmlType::Bf16 => k!(crate::bf16::Bf16Weights),
         GgmlType::Q4_0 => k!(crate::q4_0::Q4_0),
-        // GgmlType::Q4_1 => k!(crate::q4_1::Q4_1),
-        // GgmlType::Q5_0 => k!(crate::q5_0::Q5_0),
-        // GgmlType::Q5_1 => k!(crate::q5_1::Q5_1),
+        GgmlType::Q4_1 => k!(crate::q4_1::Q4_1),
+        GgmlType::Q5_0 => k!(crate::q5_0::Q5_0),
+        GgmlType::Q5_1 => k!(crate::q5_1::Q5_1),
         GgmlType::Q8_0 => k!(crate::q8_0::Q8_0),
-        _ => unimplemented!("being written"),
-        // GgmlType::Q2K => k!(crate::q2_k::Q2K),
-        // GgmlType::Q3K => k!(crate::q3_k::Q3K),
-        // GgmlType::Q4K => k!(crate::q4_k::Q4K),
-        // GgmlType::Q5K => k!(crate::q5_k::Q5K),
-        // GgmlType::Q6K => k!(crate::q6_k::Q6K),
+        GgmlType::Q2K => k!(crate::q2_k::Q2K),
+        GgmlType::Q3K => k!(crate::q3_k::Q3K),
+        GgmlType::Q4K => k!(crate::q4_k::Q4K),
+        GgmlType::Q5K => k!(crate::q5_k::Q5K),
+        GgmlType::Q6K => k!(crate::q6_k::Q6K),
     }
 }
 
@@ -202,7 +203,7 @@ impl QuantMatrix {
     /// A matrix of type `ty` from its bytes (`n` rows of `k` values, ggml layout).
     pub fn new(ty: GgmlType, data: Vec<u8>, n: usize, k: usize) -> Result<Self, KernelError> {
         let (values, _) = ty.block();
-        if k == 0 || k % values != 0 {
+        if k == 0 || !k.is_multiple_of(values) {
             return Err(KernelError::RowLength {
                 ty: ty.name(),
                 k,
@@ -267,11 +268,17 @@ impl QuantMatrix {
             .matmul_range(isa, &self.data, self.row_bytes, act, features, out)
     }
 
-    /// `x · Wᵀ` on the calling thread: `rows × n` outputs.
+    /// `x · Wᵀ` on the calling thread: `rows × n` outputs, row-major.
     pub fn matmul(&self, isa: Isa, xs: &[f32], rows: usize) -> Result<Vec<f32>, KernelError> {
         let act = self.quantize(xs, rows)?;
+        let mut out_t = vec![0f32; rows * self.n];
+        self.matmul_range(isa, &act, 0..self.n, &mut out_t)?;
         let mut out = vec![0f32; rows * self.n];
-        self.matmul_range(isa, &act, 0..self.n, &mut out)?;
+        for (r, col) in out_t.chunks_exact(rows.max(1)).enumerate() {
+            for (j, &v) in col.iter().enumerate() {
+                out[j * self.n + r] = v;
+            }
+        }
         Ok(out)
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
+use super::ggml_matrix::{ggml_type, GgmlMatrix};
 use super::q4_1::Q4_1Matrix;
 use super::q8_0::Q8_0Matrix;
 
@@ -16,8 +17,10 @@ use super::q8_0::Q8_0Matrix;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernels {
-    /// Our CPU kernels where we have one for the stored type (Q4_1, Q8_0: ggml's
-    /// numerics at SIMD speed, [`super::q4_1`], [`super::q8_0`]), candle's elsewhere.
+    /// Our CPU kernels for every ggml type of a GGUF file (ggml's numerics at SIMD
+    /// speed: [`super::q4_1`], [`super::q8_0`], and [`super::ggml_matrix`] for the
+    /// others, F16/BF16/F32 included); Hugging Face weights use candle's gemm in their
+    /// stored dtype (what transformers does); CUDA uses candle's kernels.
     Native,
     /// candle's `QMatMul` for every quantized type (portable; the reference the native
     /// kernels are tested against).
@@ -166,6 +169,8 @@ pub enum Matrix {
     Q4_1(Q4_1Matrix),
     /// Our Q8_0 kernel.
     Q8_0(Q8_0Matrix),
+    /// Our kernel for any other ggml type ([`GgmlMatrix`]).
+    Ggml(GgmlMatrix),
     /// A dense matrix in its stored dtype (F32/F16/BF16): the activations are cast to
     /// it, multiplied with candle's gemm, and the result cast back to f32 (what
     /// transformers does for a model loaded in that dtype).
@@ -204,6 +209,9 @@ impl Matrix {
             RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q8_0 => {
                 Matrix::Q8_0(Q8_0Matrix::from_qtensor(&t)?)
             }
+            RawMatrix::Quant(t) if native && ggml_type(t.dtype()).is_some() => {
+                Matrix::Ggml(GgmlMatrix::from_qtensor(&t)?)
+            }
             RawMatrix::Quant(t) => match t.dtype() {
                 GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                     Matrix::Dense(dense_of(&t, device)?)
@@ -220,6 +228,7 @@ impl Matrix {
         match self {
             Matrix::Q4_1(m) => m.shape(),
             Matrix::Q8_0(m) => m.shape(),
+            Matrix::Ggml(m) => m.shape(),
             Matrix::Quant(QMatMul::QTensor(t)) => t.shape().dims2().unwrap_or((0, 0)),
             Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Matrix::Dense(t) => {
                 t.dims2().unwrap_or((0, 0))
@@ -236,6 +245,7 @@ impl Matrix {
             Matrix::Quant(m) => m.forward(x),
             Matrix::Q4_1(m) => m.forward(x),
             Matrix::Q8_0(m) => m.forward(x),
+            Matrix::Ggml(m) => m.forward(x),
             Matrix::Dense(w) => {
                 let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
                 y.to_dtype(DType::F32)
@@ -251,6 +261,7 @@ impl Matrix {
         match self {
             Matrix::Q4_1(m) => Ok(m.matmul_host(xs, rows)),
             Matrix::Q8_0(m) => Ok(m.matmul_host(xs, rows)),
+            Matrix::Ggml(m) => m.matmul_host(xs, rows),
             Matrix::Quant(_) | Matrix::Dense(_) => {
                 let k = xs.len().checked_div(rows).unwrap_or(0);
                 let x = Tensor::from_slice(xs, (rows, k), &Device::Cpu)?;
@@ -271,6 +282,7 @@ impl Matrix {
         }
         match self {
             Matrix::Q8_0(m) => m.rows_dequantized(ids),
+            Matrix::Ggml(m) => m.rows_dequantized(ids),
             Matrix::Q4_1(_) => candle_core::bail!("Q4_1 rows are not readable for embeddings"),
             Matrix::Quant(QMatMul::QTensor(t)) => {
                 // Dequantize only the rows asked for: one row is whole ggml blocks.

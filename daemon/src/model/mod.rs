@@ -6,11 +6,13 @@
 //!
 //! Layout: `spec.rs` (what differs between architectures, as data), `source/` (GGUF and
 //! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type over
-//! the kernels `q4_1.rs`, `q8_0.rs` and candle's), `transformer.rs` (the decoder loop),
+//! the kernels `q4_1.rs`, `q8_0.rs`, `ggml_matrix.rs` (every other ggml type, on the
+//! `inferd-kernels` crate) and candle's), `transformer.rs` (the decoder loop),
 //! `host.rs` / `ops.rs` (its backends), `rope.rs`, `moe.rs`, `kv_pool.rs`,
 //! `cpu_attention.rs`, `team.rs` (compute threads).
 
 pub mod cpu_attention;
+pub mod ggml_matrix;
 pub mod host;
 pub mod kv_pool;
 pub mod matrix;
@@ -69,6 +71,16 @@ pub enum ModelError {
         value: String,
         /// What is supported.
         supported: String,
+    },
+    /// A tensor's ggml type has no kernel in this build (IQ*, TQ*, MXFP4, …).
+    #[error("tensor `{tensor}` has ggml type {ty}, which inferd does not implement (supported: {supported})")]
+    UnsupportedTensorType {
+        /// The tensor's name, escaped and cut.
+        tensor: String,
+        /// ggml's name of the type (`iq4_nl`), or `id N` for an unknown id.
+        ty: String,
+        /// The implemented types.
+        supported: &'static str,
     },
     /// A required metadata key is missing or has the wrong type.
     #[error("model metadata `{key}`: {message}")]

@@ -268,7 +268,7 @@ impl Q4_1Matrix {
 
     fn forward_with(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
         matmul_tensor("Q4_1Matrix", x, (self.n, self.k), |xs, rows| {
-            self.matmul_host_with(xs, rows, kernel)
+            Ok(self.matmul_host_with(xs, rows, kernel))
         })
     }
 
@@ -377,7 +377,7 @@ pub(super) fn matmul_tensor(
     what: &str,
     x: &Tensor,
     (n, k): (usize, usize),
-    host: impl FnOnce(&[f32], usize) -> Vec<f32>,
+    host: impl FnOnce(&[f32], usize) -> Result<Vec<f32>>,
 ) -> Result<Tensor> {
     if x.dtype() != DType::F32 {
         candle_core::bail!("{what}::forward: expected f32 input, got {:?}", x.dtype());
@@ -413,7 +413,7 @@ pub(super) fn matmul_tensor(
         let Some(xs) = all.get(start..end) else {
             candle_core::bail!("{what}::forward: input storage is too short");
         };
-        host(xs, rows)
+        host(xs, rows)?
     };
     Tensor::from_vec(out, out_dims, &Device::Cpu)
 }

@@ -198,7 +198,7 @@ impl Q8_0Matrix {
     /// `x` not f32, not on the CPU, a scalar, or its last dimension not `k`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         matmul_tensor("Q8_0Matrix", x, (self.n, self.k), |xs, rows| {
-            self.matmul_host(xs, rows)
+            Ok(self.matmul_host(xs, rows))
         })
     }
 

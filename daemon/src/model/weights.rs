@@ -252,10 +252,14 @@ pub fn build<S: WeightSource>(
 }
 
 /// An embedding matrix for row lookups, on the host: quantized types stay in their ggml
-/// blocks (no native kernel), so a 262k-row vocabulary is never expanded to f32; rows
-/// are dequantized on the host and only they go to the device.
+/// blocks, so a 262k-row vocabulary is never expanded to f32; rows are dequantized on
+/// the host (ggml's `dequantize_row_*`, what its `get_rows` does) and only they go to
+/// the device.
 fn lookup_matrix(raw: RawMatrix, device: &Device) -> Result<Matrix, ModelError> {
     Ok(match raw {
+        RawMatrix::Quant(t) if super::ggml_matrix::ggml_type(t.dtype()).is_some() => {
+            Matrix::Ggml(super::ggml_matrix::GgmlMatrix::from_qtensor(&t)?)
+        }
         RawMatrix::Quant(t) => Matrix::Quant(candle_core::quantized::QMatMul::QTensor(
             std::sync::Arc::new(t),
         )),

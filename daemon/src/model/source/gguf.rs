@@ -90,11 +90,24 @@ impl GgufSource {
             error,
         })?;
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| ModelError::Corrupt {
-            path: display.clone(),
-            format: "GGUF file",
-            message: quote(&candle_error_message(&e)),
-        })?;
+        let content = match Content::read(&mut reader) {
+            Ok(c) => c,
+            Err(e) => {
+                // candle stops at a type id it does not know without naming the tensor.
+                if let Some((tensor, ty)) = super::gguf_types::first_unsupported(&mut reader) {
+                    return Err(ModelError::UnsupportedTensorType {
+                        tensor: super::bounded(&tensor),
+                        ty,
+                        supported: inferd_kernels::GgmlType::SUPPORTED_NAMES,
+                    });
+                }
+                return Err(ModelError::Corrupt {
+                    path: display.clone(),
+                    format: "GGUF file",
+                    message: quote(&candle_error_message(&e)),
+                });
+            }
+        };
         let name = match content.metadata.get("general.architecture") {
             Some(Value::String(s)) => s.clone(),
             Some(v) => {

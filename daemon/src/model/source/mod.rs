@@ -3,6 +3,7 @@
 //! ([`super::weights::Role`]).
 
 pub mod gguf;
+pub mod gguf_types;
 pub mod hf;
 
 #[cfg(test)]

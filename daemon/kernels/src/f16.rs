@@ -1,0 +1,142 @@
+//! F16 weights × f16 activations (one little-endian IEEE f16 per value; "blocks" of one
+//! value, dequantized by exact widening, `ggml_fp16_to_fp32_row`).
+//!
+//! ggml's order (`ggml_vec_dot_f16`, `ggml-cpu/vec.cpp`, the `GGML_SIMD` branch with
+//! `__AVX512F__` and without `__AVX512FP16__`: `GGML_F16_DOT_*` = `GGML_F32Cx16_*` of
+//! `ggml-cpu/simd-mappings.h`), as GCC 12 compiles it (checked against the disassembly of
+//! llama.cpp's `libggml-cpu.so`):
+//! - `np = n & !63`; four sixteen-lane f32 accumulators, `sum[j] = fma(x, y, sum[j])`
+//!   over the widened values `i + 16 j .. i + 16 j + 16` of each step `i` of 64
+//!   (`_mm512_cvtph_ps`, `_mm512_fmadd_ps`);
+//! - `GGML_F32Cx16_REDUCE`: `s0 += s2; s1 += s3; s0 += s1`, then GCC's
+//!   `_mm512_reduce_add_ps` ([`crate::lanes::f32x16_reduce`]), widened to the f64 `sumf`;
+//! - the leftovers in order, `sumf += f64(x[i] · y[i])` (the f32 product — exact for f16
+//!   values — widened, then an f64 sum); the result is `sumf` rounded to f32.
+
+use crate::half::{f16_to_f32, le_f16};
+use crate::lanes::f32x16_dot_main;
+use crate::{act, GgmlType, Isa, Quant};
+
+/// The F16 weight type.
+pub struct F16Weights;
+
+/// ggml's leftovers from `np` on, after the main loop's sum `s` (see the module docs).
+#[inline(always)]
+fn tail(s: f32, w: &[u8], a: &[u16], np: usize) -> f32 {
+    let mut sumf = f64::from(s);
+    for (i, &y) in a.iter().enumerate().skip(np) {
+        sumf += f64::from(le_f16(w, 2 * i) * f16_to_f32(y));
+    }
+    sumf as f32
+}
+
+impl Quant for F16Weights {
+    const TYPE: GgmlType = GgmlType::F16;
+    const BLOCK_VALUES: usize = 1;
+    const BLOCK_BYTES: usize = 2;
+    type Act = act::F16;
+
+    fn dequantize_block(b: &[u8], out: &mut [f32]) {
+        out[0] = le_f16(b, 0);
+    }
+
+    fn vec_dot(isa: Isa, w: &[u8], a: &[u16]) -> f32 {
+        let np = a.len() & !63;
+        assert!(
+            w.len() >= 2 * a.len(),
+            "weight row shorter than the activations"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa == Isa::Avx512 {
+                // SAFETY: `Isa::Avx512` means AVX-512 F (with AVX2, FMA and F16C) was
+                // detected; the loads stay within the first `np` values of both rows.
+                return tail(unsafe { x86::main_avx512(w, a, np) }, w, a, np);
+            }
+            if isa.has_avx2() {
+                // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected; as above.
+                return tail(unsafe { x86::main_avx2(w, a, np) }, w, a, np);
+            }
+        }
+        let _ = isa;
+        let main = f32x16_dot_main(np, |i| le_f16(w, 2 * i), |i| f16_to_f32(a[i]));
+        tail(main, w, a, np)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use crate::lanes::x86::{f32x16_reduce, f32x16_reduce_512};
+    use crate::lanes::{F32X16_ARR, F32X16_STEP};
+    use std::arch::x86_64::*;
+
+    /// Eight f16 values at `p`, widened.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    /// Sixteen f16 values at `p`, widened.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    /// The main loop with each sixteen-lane accumulator as two `__m256`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn main_avx2(w: &[u8], a: &[u16], np: usize) -> f32 {
+        let (x, y) = (w.as_ptr() as *const u16, a.as_ptr());
+        let mut sum = [[_mm256_setzero_ps(); 2]; F32X16_ARR];
+        for i in (0..np).step_by(F32X16_STEP) {
+            for (j, s) in sum.iter_mut().enumerate() {
+                for (h, acc) in s.iter_mut().enumerate() {
+                    let e = i + 16 * j + 8 * h;
+                    *acc = _mm256_fmadd_ps(load8(x.add(e)), load8(y.add(e)), *acc);
+                }
+            }
+        }
+        f32x16_reduce(&sum)
+    }
+
+    /// ggml's own main loop (`__m512`).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn main_avx512(w: &[u8], a: &[u16], np: usize) -> f32 {
+        let (x, y) = (w.as_ptr() as *const u16, a.as_ptr());
+        let mut sum = [_mm512_setzero_ps(); F32X16_ARR];
+        for i in (0..np).step_by(F32X16_STEP) {
+            for (j, acc) in sum.iter_mut().enumerate() {
+                let e = i + 16 * j;
+                *acc = _mm512_fmadd_ps(load16(x.add(e)), load16(y.add(e)), *acc);
+            }
+        }
+        f32x16_reduce_512(&sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_agree_and_match_dequantized_dot() {
+        crate::testing::check_type::<super::F16Weights>(candle_core::quantized::GgmlDType::F16);
+    }
+
+    #[test]
+    fn equals_llama_cpp() {
+        use crate::testing::{golden_w, quantize};
+        crate::testing::check_golden::<super::F16Weights>(
+            |n| quantize(&golden_w(n), 1, n, candle_core::quantized::GgmlDType::F16).0,
+            &[
+                (7, 0x3f1b1a46),
+                (13, 0x3de44ee2),
+                (64, 0x403b742e),
+                (71, 0x3fe084b0),
+                (85, 0x3fba4b0a),
+                (100, 0x3fbcbbdf),
+                (200, 0x40022f91),
+                (333, 0xbe22b1f6),
+            ],
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Q4_1 weights × Q8_1 activations (`block_q4_1`, 20 bytes: f16 `d`, f16 `m`, 16 bytes
+//! of nibbles; byte `j` holds value `j` in its low nibble and value `j + 16` in its high
+//! one; value `q · d + m`, `q` in `0..16`, one product and one sum, `dequantize_row_q4_1`
+//! in `ggml/src/ggml-quants.c` — ggml-base is built without `-march`, so not an FMA).
+//!
+//! ggml's order (`ggml_vec_dot_q4_1_q8_1`, `ggml-cpu/arch/x86/quants.c`, `__AVX2__`
+//! branch): per block, `d = f16→f32(d_w) · d_a`, `summs = fma(f16→f32(m_w), s_a, summs)`
+//! (GCC contracts `summs += m · s`; both being f16 values, the product is exact and the
+//! FMA equals the plain sum), eight lanes of exact 4-product sums of `q` with the
+//! activation quants (`mul_sum_us8_pairs_float`; VNNI's `vpdpbusd` gives the same
+//! integers), `acc = fma(d, v, acc)`; the result is `hsum_float_8(acc) + summs`.
+
+use crate::act::{self, Q8Block};
+use crate::half::le_f16;
+use crate::lanes::{as_i8, fma_splat, hsum_float_8, nibbles_32, quad_dots, to_f32, Lanes};
+use crate::{GgmlType, Isa, Quant};
+
+/// The Q4_1 weight type.
+pub struct Q4_1;
+
+const BYTES: usize = 20;
+
+impl Quant for Q4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const BLOCK_VALUES: usize = 32;
+    const BLOCK_BYTES: usize = BYTES;
+    type Act = act::Q8_1;
+
+    fn dequantize_block(b: &[u8], out: &mut [f32]) {
+        let (d, m) = (le_f16(b, 0), le_f16(b, 2));
+        for (o, q) in out.iter_mut().zip(nibbles_32(&b[4..BYTES])) {
+            *o = f32::from(q) * d + m;
+        }
+    }
+
+    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
+            return unsafe { avx2::vec_dot(w, a) };
+        }
+        let _ = isa;
+        let mut acc: Lanes = [0.0; 8];
+        let mut summs = 0f32;
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = le_f16(wb, 0) * ab.d;
+            summs = le_f16(wb, 2).mul_add(ab.s, summs);
+            let q = as_i8(nibbles_32(&wb[4..]));
+            fma_splat(&mut acc, d, &to_f32(&quad_dots(&q, &ab.qs)));
+        }
+        hsum_float_8(&acc) + summs
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::BYTES;
+    use crate::act::Q8Block;
+    use crate::half::le_f16;
+    use crate::lanes::x86::{bytes_from_nibbles_32, hsum_float_8, mul_sum_us8_pairs_float};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8Block]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = _mm256_set1_ps(le_f16(wb, 0) * ab.d);
+            summs = le_f16(wb, 2).mul_add(ab.s, summs);
+            let qx = bytes_from_nibbles_32(wb.as_ptr().add(4));
+            let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+            acc = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(qx, qy), acc);
+        }
+        hsum_float_8(acc) + summs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_agree_and_match_dequantized_dot() {
+        crate::testing::check_type::<super::Q4_1>(candle_core::quantized::GgmlDType::Q4_1);
+    }
+
+    #[test]
+    fn equals_llama_cpp() {
+        use crate::testing::{check_golden, golden_legacy};
+        check_golden::<super::Q4_1>(
+            |n| golden_legacy(n, true, false),
+            &[
+                (32, 0x3ede7a53),
+                (96, 0x3c0f3000),
+                (256, 0x4054bae4),
+                (1024, 0x4169f977),
+                (4096, 0x427d6a54),
+            ],
+        );
+    }
+}

@@ -1,0 +1,159 @@
+//! Q4_K weights × Q8_K activations.
+//!
+//! `block_q4_K` (144 bytes, 256 values): f16 `d`, f16 `dmin`, `scales[12]` (eight 6-bit
+//! scales and eight 6-bit mins, [`lanes::k4_scales_mins`](crate::lanes::k4_scales_mins)),
+//! `qs[128]` (nibbles). Value `i = 64 j + 32 h + b` (`j < 4`, `h < 2`, `b < 32`) is
+//! `q = qs[32 j + b] & 15` (`h = 0`) or `qs[32 j + b] >> 4` (`h = 1`), and with
+//! `s = 2 j + h` stands for `(d · sc[s]) · q − dmin · mn[s]` (ggml's
+//! `dequantize_row_q4_K`, `ggml/src/ggml-quants.c`: not fused — ggml-base is built
+//! without FMA).
+//!
+//! ggml's order (`ggml_vec_dot_q4_K_q8_K`, `ggml-cpu/arch/x86/quants.c`, `__AVX2__`
+//! branch; the function has no AVX-512 branch): per block, `d = d_a · f16→f32(d)`,
+//! `dmin = −d_a · f16→f32(dmin)`; a four-lane accumulator `acc_m = fma(dmin, prod,
+//! acc_m)` with the i32 lanes of [`lanes::k4_min_lanes`](crate::lanes::k4_min_lanes),
+//! and `acc = fma(d, sumi, acc)` with the scaled integer lanes of
+//! [`lanes::k_lanes`](crate::lanes::k_lanes); the result is
+//! `hsum_float_8(acc) + ((m0 + m2) + (m1 + m3))`. (llama.cpp repacks Q4_K matrices whose
+//! row count is a multiple of 8 on AVX2 CPUs, `ggml-cpu/repack.cpp`, and those take
+//! another order.)
+
+use crate::act::{self, Q8KBlock};
+use crate::half::le_f16;
+use crate::lanes::{
+    fma_splat, hsum_float_4, hsum_float_8, k4_min_lanes, k4_scales_mins, k_lanes, to_f32, Lanes,
+};
+use crate::{GgmlType, Isa, Quant};
+
+/// The Q4_K weight type.
+pub struct Q4K;
+
+const BYTES: usize = 144;
+const SCALES: usize = 4;
+const QS: usize = 16;
+
+/// The 256 quants `0..16` of a block, in value order.
+#[inline(always)]
+fn unpack(b: &[u8]) -> [i8; 256] {
+    let mut q = [0i8; 256];
+    for (j, qj) in q.chunks_exact_mut(64).enumerate() {
+        let src = &b[QS + 32 * j..QS + 32 * j + 32];
+        for (l, &x) in src.iter().enumerate() {
+            qj[l] = (x & 15) as i8;
+            qj[l + 32] = (x >> 4) as i8;
+        }
+    }
+    q
+}
+
+impl Quant for Q4K {
+    const TYPE: GgmlType = GgmlType::Q4K;
+    const BLOCK_VALUES: usize = 256;
+    const BLOCK_BYTES: usize = BYTES;
+    type Act = act::Q8K;
+
+    fn dequantize_block(b: &[u8], out: &mut [f32]) {
+        let (d, min) = (le_f16(b, 0), le_f16(b, 2));
+        let (sc, mn) = k4_scales_mins(&b[SCALES..SCALES + 12]);
+        for (s, (o, q)) in out
+            .chunks_exact_mut(32)
+            .zip(unpack(b).chunks_exact(32))
+            .enumerate()
+        {
+            let dl = d * f32::from(sc[s]);
+            let ml = min * f32::from(mn[s]);
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = dl * f32::from(q) - ml;
+            }
+        }
+    }
+
+    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8KBlock]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
+            return unsafe { avx2::vec_dot(w, a) };
+        }
+        let _ = isa;
+        let mut acc: Lanes = [0.0; 8];
+        let mut acc_m = [0f32; 4];
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = ab.d * le_f16(wb, 0);
+            let dmin = -ab.d * le_f16(wb, 2);
+            let (sc, mn) = k4_scales_mins(&wb[SCALES..SCALES + 12]);
+            for (m, p) in acc_m.iter_mut().zip(k4_min_lanes(&mn, &ab.bsums)) {
+                *m = dmin.mul_add(p as f32, *m);
+            }
+            let sc16: [i32; 16] = std::array::from_fn(|g| i32::from(sc[g / 2]));
+            fma_splat(&mut acc, d, &to_f32(&k_lanes(&unpack(wb), &ab.qs, &sc16)));
+        }
+        hsum_float_8(&acc) + hsum_float_4(&acc_m)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{BYTES, QS, SCALES};
+    use crate::act::Q8KBlock;
+    use crate::half::le_f16;
+    use crate::lanes::k4_scales_mins;
+    use crate::lanes::x86::{hsum_float_4, hsum_float_8, scale_shuffle_k4};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8KBlock]) -> f32 {
+        let m4 = _mm256_set1_epi8(0xf);
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = _mm_setzero_ps();
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = ab.d * le_f16(wb, 0);
+            let dmin = -ab.d * le_f16(wb, 2);
+
+            // ggml's `utmp`: the eight scales, then the eight mins.
+            let (sc, mn) = k4_scales_mins(&wb[SCALES..SCALES + 12]);
+            let mut utmp = [0u8; 16];
+            utmp[..8].copy_from_slice(&sc);
+            utmp[8..].copy_from_slice(&mn);
+            let mins_and_scales =
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(utmp.as_ptr() as *const __m128i));
+
+            let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let q8s = _mm_hadd_epi16(
+                _mm256_extracti128_si256::<0>(q8sums),
+                _mm256_extracti128_si256::<1>(q8sums),
+            );
+            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+            let sc128 = _mm256_extracti128_si256::<0>(mins_and_scales);
+            let scales = _mm256_set_m128i(sc128, sc128);
+
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+                let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
+
+                let q4bits = _mm256_loadu_si256(wb.as_ptr().add(QS + 32 * j) as *const __m256i);
+                let q4l = _mm256_and_si256(q4bits, m4);
+                let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
+
+                let q8 = ab.qs.as_ptr().add(64 * j);
+                let q8l = _mm256_loadu_si256(q8 as *const __m256i);
+                let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+                let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_float_8(acc) + hsum_float_4(acc_m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_agree_and_match_dequantized_dot() {
+        crate::testing::check_type::<super::Q4K>(candle_core::quantized::GgmlDType::Q4K);
+    }
+}

@@ -1,0 +1,100 @@
+//! Q5_0 weights × Q8_0 activations (`block_q5_0`, 22 bytes: f16 `d`, 4 bytes `qh` (a
+//! little-endian `u32` whose bit `i` is value `i`'s fifth bit), 16 bytes of nibbles (byte
+//! `j`: value `j` low, value `j + 16` high); value `d · (q − 16)`, `q` in `0..32`,
+//! `dequantize_row_q5_0` in `ggml/src/ggml-quants.c`).
+//!
+//! ggml's order (`ggml_vec_dot_q5_0_q8_0`, `ggml-cpu/arch/x86/quants.c`, `__AVX2__`
+//! branch): per block, `d = f16→f32(d_w) · d_a`, eight lanes of exact 4-product sums of
+//! `q − 16` with the activation quants (`mul_sum_i8_pairs_float`), `acc = fma(d, v,
+//! acc)`; the result is `hsum_float_8(acc)`.
+
+use crate::act::{self, Q8Block};
+use crate::half::le_f16;
+use crate::lanes::{fma_splat, hsum_float_8, q5_values, quad_dots, to_f32, Lanes};
+use crate::{GgmlType, Isa, Quant};
+
+/// The Q5_0 weight type.
+pub struct Q5_0;
+
+const BYTES: usize = 22;
+
+/// The 32 signed values `q − 16` of a block, in value order.
+#[inline(always)]
+fn unpack(b: &[u8]) -> [i8; 32] {
+    q5_values(&b[2..6], &b[6..BYTES]).map(|q| q as i8 - 16)
+}
+
+impl Quant for Q5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const BLOCK_VALUES: usize = 32;
+    const BLOCK_BYTES: usize = BYTES;
+    type Act = act::Q8_0;
+
+    fn dequantize_block(b: &[u8], out: &mut [f32]) {
+        let d = le_f16(b, 0);
+        for (o, q) in out.iter_mut().zip(unpack(b)) {
+            *o = f32::from(q) * d;
+        }
+    }
+
+    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
+            return unsafe { avx2::vec_dot(w, a) };
+        }
+        let _ = isa;
+        let mut acc: Lanes = [0.0; 8];
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = le_f16(wb, 0) * ab.d;
+            fma_splat(&mut acc, d, &to_f32(&quad_dots(&unpack(wb), &ab.qs)));
+        }
+        hsum_float_8(&acc)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::BYTES;
+    use crate::act::Q8Block;
+    use crate::half::le_f16;
+    use crate::lanes::x86::{bytes_from_q5_32, hsum_float_8, mul_sum_i8_pairs_float};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8Block]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let off = _mm256_set1_epi8(16);
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = _mm256_set1_ps(le_f16(wb, 0) * ab.d);
+            let p = wb.as_ptr();
+            let qx = _mm256_sub_epi8(bytes_from_q5_32(p.add(6), p.add(2)), off);
+            let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+            acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
+        }
+        hsum_float_8(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_agree_and_match_dequantized_dot() {
+        crate::testing::check_type::<super::Q5_0>(candle_core::quantized::GgmlDType::Q5_0);
+    }
+
+    #[test]
+    fn equals_llama_cpp() {
+        use crate::testing::{check_golden, golden_legacy};
+        check_golden::<super::Q5_0>(
+            |n| golden_legacy(n, false, true),
+            &[
+                (32, 0x3e9d4374),
+                (96, 0x3f4123f2),
+                (256, 0xbf4b4bbe),
+                (1024, 0xbf029ae0),
+                (4096, 0xc0b68806),
+            ],
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! Q6_K weights × Q8_K activations.
+//!
+//! `block_q6_K` (210 bytes, 256 values): `ql[128]` (low nibbles), `qh[64]` (high 2-bit
+//! pairs), `scales[16]` (`i8`), f16 `d`. Value `i = 128 n + 32 k + b` (`n < 2`, `k < 4`,
+//! `b < 32`) is `u = lo | hi << 4` (`0..64`), `hi = (qh[32 n + b] >> 2 k) & 3` and `lo`
+//! the low nibble (`k < 2`) or high nibble (`k ≥ 2`) of `ql[64 n + 32 (k % 2) + b]`.
+//! With group `g = 8 n + 2 k + b / 16` it stands for `(d · scales[g]) · (u − 32)`
+//! (ggml's `dequantize_row_q6_K`, `ggml/src/ggml-quants.c`).
+//!
+//! ggml's order (`ggml_vec_dot_q6_K_q8_K`, `ggml-cpu/arch/x86/quants.c`, `__AVX2__`
+//! branch; the function has no AVX-512 branch): per block, `d = d_a · f16→f32(d)`; the
+//! integer lanes are those of [`lanes::k_lanes`](crate::lanes::k_lanes) over the
+//! *unsigned* `u`, minus `32 · _mm256_madd_epi16(bsums, scales)` lane by lane (the `− 32`
+//! applied through the activation sums, so the lanes differ from those of `u − 32`);
+//! `acc = fma(d, sumi, acc)`; the result is `hsum_float_8(acc)`.
+
+use crate::act::{self, Q8KBlock};
+use crate::half::le_f16;
+use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
+use crate::{GgmlType, Isa, Quant};
+
+/// The Q6_K weight type.
+pub struct Q6K;
+
+const BYTES: usize = 210;
+const QH: usize = 128;
+const SCALES: usize = 192;
+const D: usize = 208;
+
+/// The 256 unsigned quants `0..64` of a block, in value order.
+#[inline(always)]
+fn unpack(b: &[u8]) -> [i8; 256] {
+    let mut q = [0i8; 256];
+    for (v, qv) in q.chunks_exact_mut(32).enumerate() {
+        let (n, k) = (v / 4, v % 4);
+        let lo = &b[64 * n + 32 * (k % 2)..64 * n + 32 * (k % 2) + 32];
+        let hi = &b[QH + 32 * n..QH + 32 * n + 32];
+        for ((o, &l), &h) in qv.iter_mut().zip(lo).zip(hi) {
+            *o = (((l >> (4 * (k / 2))) & 15) | (((h >> (2 * k)) & 3) << 4)) as i8;
+        }
+    }
+    q
+}
+
+/// The sixteen signed scales.
+#[inline(always)]
+fn scales(b: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|g| b[SCALES + g] as i8)
+}
+
+impl Quant for Q6K {
+    const TYPE: GgmlType = GgmlType::Q6K;
+    const BLOCK_VALUES: usize = 256;
+    const BLOCK_BYTES: usize = BYTES;
+    type Act = act::Q8K;
+
+    fn dequantize_block(b: &[u8], out: &mut [f32]) {
+        let d = le_f16(b, D);
+        for ((o, q), s) in out
+            .chunks_exact_mut(16)
+            .zip(unpack(b).chunks_exact(16))
+            .zip(scales(b))
+        {
+            let ds = d * f32::from(s);
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = ds * f32::from(q - 32);
+            }
+        }
+    }
+
+    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8KBlock]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
+            return unsafe { avx2::vec_dot(w, a) };
+        }
+        let _ = isa;
+        let mut acc: Lanes = [0.0; 8];
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = ab.d * le_f16(wb, D);
+            let sc = scales(wb);
+            let sc32: [i32; 16] = std::array::from_fn(|g| i32::from(sc[g]));
+            let sc16: [i16; 16] = std::array::from_fn(|g| i16::from(sc[g]));
+            let sub = madd_pairs(&ab.bsums, &sc16);
+            let mut sumi = k_lanes(&unpack(wb), &ab.qs, &sc32);
+            for (s, m) in sumi.iter_mut().zip(sub) {
+                *s -= m << 5;
+            }
+            fma_splat(&mut acc, d, &to_f32(&sumi));
+        }
+        hsum_float_8(&acc)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{BYTES, D, QH, SCALES};
+    use crate::act::Q8KBlock;
+    use crate::half::le_f16;
+    use crate::lanes::x86::{hsum_float_8, scale_shuffle};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8KBlock]) -> f32 {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let mut acc = _mm256_setzero_ps();
+        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
+            let d = ab.d * le_f16(wb, D);
+
+            let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let scales = _mm_loadu_si128(wb.as_ptr().add(SCALES) as *const __m128i);
+            let scales_16 = _mm256_cvtepi8_epi16(scales);
+            let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..2 {
+                let q4 = wb.as_ptr().add(64 * j);
+                let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+                let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+                let q4bits_h = _mm256_loadu_si256(wb.as_ptr().add(QH + 32 * j) as *const __m256i);
+
+                let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
+                let q4h_1 =
+                    _mm256_slli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)));
+                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+                let q4h_3 =
+                    _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
+
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+                    _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
+                        q4h_2,
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
+                        q4h_3,
+                    ),
+                ];
+
+                let q8 = ab.qs.as_ptr().add(128 * j);
+                let mut p = [_mm256_setzero_si256(); 4];
+                for (k, pk) in p.iter_mut().enumerate() {
+                    let q8k = _mm256_loadu_si256(q8.add(32 * k) as *const __m256i);
+                    let p16 = _mm256_maddubs_epi16(q[k], q8k);
+                    let scale = _mm_shuffle_epi8(scales, scale_shuffle(4 * j + k));
+                    *pk = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale), p16);
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
+            }
+            sumi = _mm256_sub_epi32(sumi, q8sclsub);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_float_8(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernels_agree_and_match_dequantized_dot() {
+        crate::testing::check_type::<super::Q6K>(candle_core::quantized::GgmlDType::Q6K);
+    }
+}

@@ -1,0 +1,141 @@
+//! A GGUF matrix of any ggml type on [`inferd_kernels`], split over output rows on the
+//! compute thread team ([`super::team`]).
+//!
+//! The kernels follow ggml's arithmetic (activations converted to the type's
+//! `vec_dot_type`, per-row dot products in the order of ggml's x86 AVX2 code); the
+//! instruction set is chosen once per process ([`isa`]). Q4_1 and Q8_0 keep their own
+//! tiled kernels ([`super::q4_1`], [`super::q8_0`]), which give the same numbers.
+
+use std::sync::{Mutex, OnceLock};
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Result, Tensor};
+use inferd_kernels::{GgmlType, Isa, QuantMatrix};
+
+use super::q4_1::{matmul_tensor, transpose, PAR_MIN_BLOCK_DOTS};
+use super::team;
+
+/// The kernel instruction set of this process ([`Isa::detect`], once).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(Isa::detect)
+}
+
+/// The kernel crate's type for a candle ggml dtype (`None`: Q8_1/Q8_K, which are
+/// activation formats, not weight types).
+pub fn ggml_type(d: GgmlDType) -> Option<GgmlType> {
+    Some(match d {
+        GgmlDType::F32 => GgmlType::F32,
+        GgmlDType::F16 => GgmlType::F16,
+        GgmlDType::BF16 => GgmlType::Bf16,
+        GgmlDType::Q4_0 => GgmlType::Q4_0,
+        GgmlDType::Q4_1 => GgmlType::Q4_1,
+        GgmlDType::Q5_0 => GgmlType::Q5_0,
+        GgmlDType::Q5_1 => GgmlType::Q5_1,
+        GgmlDType::Q8_0 => GgmlType::Q8_0,
+        GgmlDType::Q2K => GgmlType::Q2K,
+        GgmlDType::Q3K => GgmlType::Q3K,
+        GgmlDType::Q4K => GgmlType::Q4K,
+        GgmlDType::Q5K => GgmlType::Q5K,
+        GgmlDType::Q6K => GgmlType::Q6K,
+        GgmlDType::Q8_1 | GgmlDType::Q8K => return None,
+    })
+}
+
+/// A weight matrix `(n, k)` of any implemented ggml type, for `y = x · Wᵀ`.
+#[derive(Debug)]
+pub struct GgmlMatrix {
+    m: QuantMatrix,
+}
+
+impl GgmlMatrix {
+    /// From a CPU `QTensor` (its ggml bytes, unchanged).
+    ///
+    /// # Errors
+    /// A type without a kernel, a non-2-D shape, or bytes that do not match it.
+    pub fn from_qtensor(t: &QTensor) -> Result<Self> {
+        let (n, k) = t.shape().dims2()?;
+        let Some(ty) = ggml_type(t.dtype()) else {
+            candle_core::bail!("{:?} is not a weight type", t.dtype());
+        };
+        let m =
+            QuantMatrix::new(ty, t.data()?.into_owned(), n, k).map_err(candle_core::Error::wrap)?;
+        Ok(Self { m })
+    }
+
+    /// `(n, k)`.
+    pub fn shape(&self) -> (usize, usize) {
+        self.m.shape()
+    }
+
+    /// The stored type.
+    pub fn ty(&self) -> GgmlType {
+        self.m.ty()
+    }
+
+    /// `x` `(.., k)` f32 on the CPU → `(.., n)`.
+    ///
+    /// # Errors
+    /// A shape mismatch or a non-CPU input.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let shape = self.shape();
+        matmul_tensor("GgmlMatrix", x, shape, |xs, rows| {
+            self.matmul_host(xs, rows)
+        })
+    }
+
+    /// `xs` `(rows, k)` row-major → `(rows, n)` row-major, on the thread team.
+    ///
+    /// # Errors
+    /// `xs` is not `rows × k` values.
+    pub fn matmul_host(&self, xs: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let (n, k) = self.shape();
+        let act = self
+            .m
+            .quantize(xs, rows)
+            .map_err(candle_core::Error::wrap)?;
+        if rows == 0 || n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out_t = vec![0f32; n * rows];
+        let isa = isa();
+        let threads = team::threads();
+        // Work in units of 32-value block dot products, as the Q4_1 kernel counts it.
+        if n * rows * (k / 32).max(1) < PAR_MIN_BLOCK_DOTS || threads <= 1 {
+            self.m
+                .matmul_range(isa, &act, 0..n, &mut out_t)
+                .map_err(candle_core::Error::wrap)?;
+        } else {
+            // About eight tasks per thread, claimed dynamically, in whole weight rows.
+            let per_task = n.div_ceil(threads * 8).max(1);
+            let failed = Mutex::new(None);
+            team::for_each_chunk_mut(&mut out_t, per_task * rows, |i, chunk| {
+                let r0 = i * per_task;
+                let r1 = r0 + chunk.len() / rows;
+                if let Err(e) = self.m.matmul_range(isa, &act, r0..r1, chunk) {
+                    if let Ok(mut f) = failed.lock() {
+                        f.get_or_insert(e);
+                    }
+                }
+            });
+            if let Some(e) = failed.into_inner().ok().flatten() {
+                return Err(candle_core::Error::wrap(e));
+            }
+        }
+        Ok(if rows == 1 {
+            out_t
+        } else {
+            transpose(&out_t, n, rows)
+        })
+    }
+
+    /// Rows `ids` dequantized (ggml's `dequantize_row_*`): `ids.len() × k` values.
+    ///
+    /// # Errors
+    /// An id out of range.
+    pub fn rows_dequantized(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.m
+            .dequantize_rows(ids)
+            .map_err(candle_core::Error::wrap)
+    }
+}
