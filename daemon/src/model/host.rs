@@ -9,7 +9,7 @@ use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
-use super::spec::{Activation, ModelSpec};
+use super::spec::{Activation, ModelSpec, Numerics};
 use super::transformer::{AttnShape, Backend};
 use super::weights::{MoeWeights, Projection, Vector};
 
@@ -33,20 +33,32 @@ pub struct HostBackend<'a> {
     pool: &'a mut KvBlockPool,
     seqs: &'a [ForwardSeq<'a>],
     positions: &'a [u32],
+    numerics: Numerics,
 }
 
 impl<'a> HostBackend<'a> {
-    /// A backend writing K/V into `pool` for `seqs` at `positions`.
+    /// A backend writing K/V into `pool` for `seqs` at `positions`, with the model's
+    /// element-wise numerics.
     pub fn new(
         pool: &'a mut KvBlockPool,
         seqs: &'a [ForwardSeq<'a>],
         positions: &'a [u32],
+        numerics: Numerics,
     ) -> Self {
         Self {
             pool,
             seqs,
             positions,
+            numerics,
         }
+    }
+}
+
+/// RMSNorm of host rows under `numerics` ([`rms_norm_rows`] or ggml's).
+pub fn rms_norm_with(numerics: Numerics, x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    match numerics {
+        Numerics::Ggml => super::ggml_ops::rms_norm_rows(x, w, eps, out),
+        Numerics::Transformers => rms_norm_rows(x, w, eps, out),
     }
 }
 
@@ -76,8 +88,15 @@ pub fn glu_value(act: Activation, g: f32, u: f32) -> f32 {
     }
 }
 
-/// [`glu_value`] over whole rows, on the thread team from a few rows on.
-fn glu_rows(gate: &[f32], up: &[f32], n: usize, act: Activation) -> Vec<f32> {
+/// [`glu_value`] (or ggml's GLU, [`super::ggml_ops::glu_row`]) over whole rows, on
+/// the thread team from a few rows on.
+pub fn glu_rows(
+    gate: &[f32],
+    up: &[f32],
+    n: usize,
+    act: Activation,
+    numerics: Numerics,
+) -> Vec<f32> {
     let width = gate.len().checked_div(n).unwrap_or(0);
     let mut out = vec![0f32; gate.len()];
     let row = |r: usize, dst: &mut [f32]| {
@@ -85,8 +104,13 @@ fn glu_rows(gate: &[f32], up: &[f32], n: usize, act: Activation) -> Vec<f32> {
             &gate[r * width..(r + 1) * width],
             &up[r * width..(r + 1) * width],
         );
-        for ((d, &g), &u) in dst.iter_mut().zip(g).zip(u) {
-            *d = glu_value(act, g, u);
+        match numerics {
+            Numerics::Ggml => super::ggml_ops::glu_row(act, g, u, dst),
+            Numerics::Transformers => {
+                for ((d, &g), &u) in dst.iter_mut().zip(g).zip(u) {
+                    *d = glu_value(act, g, u);
+                }
+            }
         }
     };
     if n >= 4 && width > 0 {
@@ -131,12 +155,13 @@ pub fn mlp_rows(
     gate_up: &Projection,
     down: &Matrix,
     act: Activation,
+    numerics: Numerics,
 ) -> candle_core::Result<Vec<f32>> {
     let parts = project_rows(x, n, gate_up)?;
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
-    down.forward_host(&glu_rows(g, u, n, act), n)
+    down.forward_host(&glu_rows(g, u, n, act, numerics), n)
 }
 
 impl Backend for HostBackend<'_> {
@@ -156,7 +181,7 @@ impl Backend for HostBackend<'_> {
 
     fn rms_norm(&mut self, x: &Rows, w: &Vector, eps: f32) -> candle_core::Result<Rows> {
         let mut out = Vec::with_capacity(x.v.len());
-        rms_norm_rows(&x.v, &w.host, eps, &mut out);
+        rms_norm_with(self.numerics, &x.v, &w.host, eps, &mut out);
         Ok(Rows { v: out, n: x.n })
     }
 
@@ -168,7 +193,7 @@ impl Backend for HostBackend<'_> {
         _heads: usize,
     ) -> candle_core::Result<Rows> {
         let mut out = Vec::with_capacity(x.v.len());
-        rms_norm_rows(&x.v, &w.host, eps, &mut out);
+        rms_norm_with(self.numerics, &x.v, &w.host, eps, &mut out);
         Ok(Rows { v: out, n: x.n })
     }
 
@@ -227,7 +252,7 @@ impl Backend for HostBackend<'_> {
 
     fn glu(&mut self, gate: Rows, up: Rows, act: Activation) -> candle_core::Result<Rows> {
         Ok(Rows {
-            v: glu_rows(&gate.v, &up.v, gate.n, act),
+            v: glu_rows(&gate.v, &up.v, gate.n, act, self.numerics),
             n: gate.n,
         })
     }
@@ -251,7 +276,14 @@ impl Backend for HostBackend<'_> {
                 rows.extend_from_slice(&x.v[t * e..(t + 1) * e]);
             }
             let (gate_up, down) = &w.experts[ex];
-            let y = mlp_rows(&rows, tokens.len(), gate_up, down, spec.activation)?;
+            let y = mlp_rows(
+                &rows,
+                tokens.len(),
+                gate_up,
+                down,
+                spec.activation,
+                spec.numerics,
+            )?;
             for (i, &(t, wt)) in tokens.iter().enumerate() {
                 let dst = &mut out[t * e..(t + 1) * e];
                 for (d, &yv) in dst.iter_mut().zip(&y[i * e..(i + 1) * e]) {

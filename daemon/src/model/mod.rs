@@ -13,6 +13,7 @@
 
 pub mod cpu_attention;
 pub mod ggml_matrix;
+pub mod ggml_ops;
 pub mod host;
 pub mod kv_pool;
 pub mod matrix;

@@ -9,7 +9,7 @@ use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
-use super::spec::{Activation, ModelSpec};
+use super::spec::{Activation, ModelSpec, Numerics};
 use super::transformer::{AttnShape, Backend};
 use super::weights::{MoeWeights, Projection, Vector};
 
@@ -21,6 +21,9 @@ pub struct TensorBackend<'a> {
     /// Positions as a device tensor (for gathering RoPE rows).
     pos: Tensor,
     device: Device,
+    /// ggml numerics run the host's element-wise ops when the device is the CPU (so
+    /// this backend keeps giving the host backend's bits); candle's elsewhere.
+    host_ops: bool,
 }
 
 impl<'a> TensorBackend<'a> {
@@ -32,6 +35,7 @@ impl<'a> TensorBackend<'a> {
         pool: &'a mut KvBlockPool,
         seqs: &'a [ForwardSeq<'a>],
         positions: &'a [u32],
+        numerics: Numerics,
         device: &Device,
     ) -> candle_core::Result<Self> {
         Ok(Self {
@@ -40,6 +44,7 @@ impl<'a> TensorBackend<'a> {
             positions,
             pos: Tensor::new(positions, device)?,
             device: device.clone(),
+            host_ops: numerics == Numerics::Ggml && device.is_cpu(),
         })
     }
 }
@@ -78,12 +83,20 @@ fn mlp(
     gate_up: &Projection,
     down: &Matrix,
     act: Activation,
+    host_ops: bool,
 ) -> candle_core::Result<Tensor> {
     let parts = project(x, gate_up)?;
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
-    down.forward(&glu(g, u, act)?)
+    down.forward(&glu(g, u, act, host_ops)?)
+}
+
+/// `f` over the rows of a 2-D CPU tensor, as host values.
+fn on_host(x: &Tensor, f: impl FnOnce(&[f32], usize) -> Vec<f32>) -> candle_core::Result<Tensor> {
+    let (n, width) = x.dims2()?;
+    let v = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    Tensor::from_vec(f(&v, n), (n, width), x.device())
 }
 
 fn project(x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
@@ -104,7 +117,13 @@ fn project(x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
     }
 }
 
-fn glu(g: &Tensor, u: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
+fn glu(g: &Tensor, u: &Tensor, act: Activation, host_ops: bool) -> candle_core::Result<Tensor> {
+    if host_ops {
+        let uv = u.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        return on_host(g, |gv, n| {
+            super::host::glu_rows(gv, &uv, n, act, Numerics::Ggml)
+        });
+    }
     let a = match act {
         Activation::Silu => candle_nn::ops::silu(g)?,
         Activation::GeluTanh => g.gelu()?,
@@ -181,6 +200,13 @@ impl Backend for TensorBackend<'_> {
     }
 
     fn rms_norm(&mut self, x: &Tensor, w: &Vector, eps: f32) -> candle_core::Result<Tensor> {
+        if self.host_ops {
+            return on_host(x, |v, _| {
+                let mut out = Vec::with_capacity(v.len());
+                super::ggml_ops::rms_norm_rows(v, &w.host, eps, &mut out);
+                out
+            });
+        }
         candle_nn::ops::rms_norm(x, &w.tensor, eps)
     }
 
@@ -191,6 +217,9 @@ impl Backend for TensorBackend<'_> {
         eps: f32,
         heads: usize,
     ) -> candle_core::Result<Tensor> {
+        if self.host_ops {
+            return self.rms_norm(&x, w, eps);
+        }
         let (n, width) = x.dims2()?;
         let y = candle_nn::ops::rms_norm(&x.reshape((n, heads, width / heads))?, &w.tensor, eps)?;
         y.reshape((n, width))
@@ -220,7 +249,7 @@ impl Backend for TensorBackend<'_> {
         head_dim: usize,
         t: &RopeTable,
     ) -> candle_core::Result<Tensor> {
-        if self.pool.is_host() {
+        if self.pool.is_host() || self.host_ops {
             let mut v = host(&x)?;
             t.apply_host(&mut v, heads, head_dim, self.positions);
             return Tensor::from_vec(v, x.shape(), x.device());
@@ -256,7 +285,7 @@ impl Backend for TensorBackend<'_> {
     }
 
     fn glu(&mut self, gate: Tensor, up: Tensor, act: Activation) -> candle_core::Result<Tensor> {
-        glu(&gate, &up, act)
+        glu(&gate, &up, act, self.host_ops)
     }
 
     fn moe(&mut self, x: &Tensor, w: &MoeWeights, spec: &ModelSpec) -> candle_core::Result<Tensor> {
@@ -276,7 +305,13 @@ impl Backend for TensorBackend<'_> {
             let idx = Tensor::new(ids.as_slice(), &self.device)?;
             let wts = Tensor::from_vec(wts, (tokens.len(), 1), &self.device)?;
             let (gate_up, down) = &w.experts[ex];
-            let y = mlp(&x.index_select(&idx, 0)?, gate_up, down, spec.activation)?;
+            let y = mlp(
+                &x.index_select(&idx, 0)?,
+                gate_up,
+                down,
+                spec.activation,
+                self.host_ops,
+            )?;
             out = out.index_add(&idx, &y.broadcast_mul(&wts)?, 0)?;
         }
         Ok(out)

@@ -25,6 +25,11 @@ const ARCHS: [&str; 7] = [
 
 /// Tolerance relative to the largest |logit| of the reference row.
 const REL_TOL: f32 = 1e-4;
+/// GGUF files follow llama.cpp's numerics, whose GELU (Gemma 3's activation) is a
+/// table lookup on f16-rounded inputs with f16 results (`ggml_vec_geglu_f32` under
+/// `GGML_GELU_FP16`): a relative error up to 2⁻¹¹ per activation against transformers'
+/// f32 GELU.
+const REL_TOL_GGML_GELU: f32 = 1e-3;
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -93,22 +98,19 @@ fn argmax(v: &[f32]) -> u32 {
 
 /// Checks one model file or directory against `reference.json`; returns the worst
 /// relative logit difference.
-fn check(model: &Model, reference: &Value, what: &str) -> f32 {
+fn check(model: &Model, reference: &Value, what: &str, tol: f32) -> f32 {
     let mut worst = 0f32;
     for s in reference["sequences"].as_array().expect("sequences") {
         let input = ids(&s["input_ids"]);
         let ours = all_logits(model, &input);
         let name = s["name"].as_str().unwrap_or("?");
         let d = rel_diff(&ours[input.len() - 1], &floats(&s["last_logits"]));
-        assert!(d <= REL_TOL, "{what} {name}: last logits differ by {d}");
+        assert!(d <= tol, "{what} {name}: last logits differ by {d}");
         worst = worst.max(d);
         if let Some(all) = s.get("all_logits").and_then(Value::as_array) {
             for (p, row) in all.iter().enumerate() {
                 let d = rel_diff(&ours[p], &floats(row));
-                assert!(
-                    d <= REL_TOL,
-                    "{what} {name} position {p}: logits differ by {d}"
-                );
+                assert!(d <= tol, "{what} {name} position {p}: logits differ by {d}");
                 worst = worst.max(d);
             }
         }
@@ -117,7 +119,7 @@ fn check(model: &Model, reference: &Value, what: &str) -> f32 {
         let input = ids(&c["input_ids"]);
         let ours = all_logits(model, &input);
         let d = rel_diff(&ours[input.len() - 1], &floats(&c["last_logits"]));
-        assert!(d <= REL_TOL, "{what} chat: last logits differ by {d}");
+        assert!(d <= tol, "{what} chat: last logits differ by {d}");
         worst = worst.max(d);
     }
     // Greedy with the KV cache: prefill, then one token per step.
@@ -155,7 +157,7 @@ fn tiny_models_match_transformers_from_hf_directories() {
     for arch in ARCHS {
         let reference =
             crate::test_support::fixture_json(&format!("tiny-models/{arch}/reference.json"));
-        let worst = check(&load_model(&tiny_dir(arch)), &reference, arch);
+        let worst = check(&load_model(&tiny_dir(arch)), &reference, arch, REL_TOL);
         report.push(format!("{arch}: {worst:.2e}"));
     }
     eprintln!("HF directories, worst relative logit difference: {report:?}");
@@ -167,7 +169,12 @@ fn tiny_models_match_transformers_from_gguf_conversions() {
     for arch in ARCHS {
         let reference =
             crate::test_support::fixture_json(&format!("tiny-models/{arch}/reference.json"));
-        let worst = check(&load_model(&tiny_gguf(arch)), &reference, arch);
+        let tol = if arch == "gemma3" {
+            REL_TOL_GGML_GELU
+        } else {
+            REL_TOL
+        };
+        let worst = check(&load_model(&tiny_gguf(arch)), &reference, arch, tol);
         report.push(format!("{arch}: {worst:.2e}"));
     }
     eprintln!("GGUF conversions, worst relative logit difference: {report:?}");
@@ -207,6 +214,7 @@ fn config_json_without_the_4x_keys_loads_the_same() {
             &load_model(dir.path()),
             &reference,
             &format!("{arch} (5.x keys)"),
+            REL_TOL,
         );
     }
 }

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-use super::spec::{RopeScaling, RopeSpec, RopeStyle};
+use super::spec::{Numerics, RopeScaling, RopeSpec, RopeStyle};
 
 /// cos/sin tables for one RoPE base: `(max_pos, dim / 2)` each, on the host and as
 /// device tensors.
@@ -12,6 +12,8 @@ use super::spec::{RopeScaling, RopeSpec, RopeStyle};
 pub struct RopeTable {
     /// Pairing.
     pub style: RopeStyle,
+    /// Whose angle and rotation arithmetic ([`Numerics`]).
+    pub numerics: Numerics,
     /// Rotated dimensions per head.
     pub dim: usize,
     /// Host cos, row-major `(max_pos, dim / 2)`.
@@ -70,6 +72,7 @@ impl RopeTable {
         base: f32,
         scaled: bool,
         max_pos: usize,
+        numerics: Numerics,
         device: &Device,
     ) -> candle_core::Result<Self> {
         let none = RopeScaling::None;
@@ -82,18 +85,37 @@ impl RopeTable {
             _ => 1.0,
         };
         let n = inv.len();
-        let inv_t = Tensor::from_vec(inv, (1, n), &Device::Cpu)?;
-        let pos = Tensor::arange(0u32, max_pos as u32, &Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .reshape((max_pos, 1))?;
-        let freqs = pos.matmul(&inv_t)?;
-        let (mut cos, mut sin) = (freqs.cos()?, freqs.sin()?);
+        let ggml_factors = match scaling {
+            RopeScaling::None => Some(None),
+            RopeScaling::Factors { factors, .. } => Some(Some(factors.as_slice())),
+            RopeScaling::Llama3 { .. } => None,
+        };
+        let (mut cos, mut sin) = match (numerics, ggml_factors) {
+            // llama.cpp's running-product angles (llama 3 scaling keeps transformers'
+            // frequencies: llama.cpp reads them from the file's `rope_freqs` instead).
+            (Numerics::Ggml, Some(factors)) => {
+                let (c, s) = super::ggml_ops::rope_tables(spec.dim, base, factors, max_pos);
+                (
+                    Tensor::from_vec(c, (max_pos, n), &Device::Cpu)?,
+                    Tensor::from_vec(s, (max_pos, n), &Device::Cpu)?,
+                )
+            }
+            _ => {
+                let inv_t = Tensor::from_vec(inv, (1, n), &Device::Cpu)?;
+                let pos = Tensor::arange(0u32, max_pos as u32, &Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .reshape((max_pos, 1))?;
+                let freqs = pos.matmul(&inv_t)?;
+                (freqs.cos()?, freqs.sin()?)
+            }
+        };
         if attn_factor != 1.0 {
             cos = (cos * f64::from(attn_factor))?;
             sin = (sin * f64::from(attn_factor))?;
         }
         Ok(Self {
             style: spec.style,
+            numerics,
             dim: spec.dim,
             cos_host: cos.flatten_all()?.to_vec1()?,
             sin_host: sin.flatten_all()?.to_vec1()?,
@@ -104,7 +126,8 @@ impl RopeTable {
 
     /// RoPE in place on host rows `(T, heads · head_dim)`, row `t` at `positions[t]`;
     /// dimensions past `dim` pass through. Interleaved: candle's `rope_i` arithmetic;
-    /// NEOX: candle's `rope` (`x_i cos − x_{i+d/2} sin`, `x_i sin + x_{i+d/2} cos`).
+    /// NEOX: candle's `rope` (`x_i cos − x_{i+d/2} sin`, `x_i sin + x_{i+d/2} cos`);
+    /// under [`Numerics::Ggml`] ggml's fused form ([`super::ggml_ops::rotate`]).
     pub fn apply_host(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[u32]) {
         let half = self.dim / 2;
         for (t, &pos) in positions.iter().enumerate() {
@@ -120,8 +143,12 @@ impl RopeTable {
                         RopeStyle::Neox => (i, i + half),
                     };
                     let (a, b) = (row[ia], row[ib]);
-                    row[ia] = a * cos[i] - b * sin[i];
-                    row[ib] = a * sin[i] + b * cos[i];
+                    (row[ia], row[ib]) = match self.numerics {
+                        Numerics::Ggml => super::ggml_ops::rotate(a, b, cos[i], sin[i]),
+                        Numerics::Transformers => {
+                            (a * cos[i] - b * sin[i], a * sin[i] + b * cos[i])
+                        }
+                    };
                 }
             }
         }
@@ -185,7 +212,15 @@ mod tests {
             scaling: RopeScaling::None,
         };
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-            let t = RopeTable::new(&spec(style), 10_000.0, true, 4, &Device::Cpu).expect("t");
+            let t = RopeTable::new(
+                &spec(style),
+                10_000.0,
+                true,
+                4,
+                Numerics::Transformers,
+                &Device::Cpu,
+            )
+            .expect("t");
             let mut x = vec![1.0, 2.0, 3.0, 4.0];
             t.apply_host(&mut x, 1, 4, &[1]);
             let (c, s) = (1f32.cos(), 1f32.sin());

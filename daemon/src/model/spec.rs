@@ -139,6 +139,18 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// Whose formulas the element-wise ops follow (RMSNorm, RoPE angles, the MLP's
+/// activation); the matrices always run their own kernels. Where llama.cpp and
+/// transformers differ, GGUF files follow llama.cpp and Hugging Face weights follow
+/// transformers ([`super::host`], [`super::rope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numerics {
+    /// llama.cpp's CPU backend (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`, `vec.cpp`).
+    Ggml,
+    /// transformers / candle.
+    Transformers,
+}
+
 /// Mixture-of-experts MLP (Qwen3-MoE; transformers `Qwen3MoeSparseMoeBlock`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeSpec {
@@ -245,6 +257,8 @@ pub struct ModelSpec {
     pub final_softcap: Option<f32>,
     /// MoE layers.
     pub moe: Option<MoeSpec>,
+    /// Element-wise numerics (GGUF: llama.cpp's, Hugging Face: transformers').
+    pub numerics: Numerics,
 }
 
 impl ModelSpec {
@@ -436,6 +450,7 @@ mod tests {
             embed_scale: None,
             final_softcap: None,
             moe: None,
+            numerics: Numerics::Transformers,
         }
     }
 

@@ -143,6 +143,7 @@ impl Model {
             spec.rope.theta,
             true,
             spec.context_length,
+            spec.numerics,
             device,
         )?];
         let layer_rope = match spec.rope.local_theta {
@@ -152,6 +153,7 @@ impl Model {
                     local,
                     false,
                     spec.context_length,
+                    spec.numerics,
                     device,
                 )?);
                 spec.window
@@ -233,7 +235,8 @@ impl Model {
             return Ok(None);
         };
         if pool.is_host() && self.device.is_cpu() {
-            let mut be = super::host::HostBackend::new(pool, seqs, &b.positions);
+            let mut be =
+                super::host::HostBackend::new(pool, seqs, &b.positions, self.spec.numerics);
             self.decode(&mut be, &b)
         } else {
             self.forward_ops_inner(seqs, pool, &b)
@@ -263,7 +266,13 @@ impl Model {
         pool: &mut KvBlockPool,
         b: &BatchInputs,
     ) -> candle_core::Result<Option<Tensor>> {
-        let mut be = super::ops::TensorBackend::new(pool, seqs, &b.positions, &self.device)?;
+        let mut be = super::ops::TensorBackend::new(
+            pool,
+            seqs,
+            &b.positions,
+            self.spec.numerics,
+            &self.device,
+        )?;
         self.decode(&mut be, b)
     }
 

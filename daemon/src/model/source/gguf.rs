@@ -16,8 +16,8 @@ use candle_core::Device;
 
 use super::super::matrix::RawMatrix;
 use super::super::spec::{
-    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, MAX_LAYERS,
-    SUPPORTED_GGUF,
+    Activation, Architecture, ModelSpec, MoeSpec, Numerics, RopeScaling, RopeSpec, RopeStyle,
+    MAX_LAYERS, SUPPORTED_GGUF,
 };
 use super::super::weights::{ExpertRole, LayerRole, Role, WeightSource};
 use super::super::{candle_error_message, ModelError};
@@ -259,6 +259,7 @@ impl GgufSource {
             embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
             final_softcap: meta_f32(md, &k("final_logit_softcapping"))?,
             moe,
+            numerics: Numerics::Ggml,
         };
         spec.check().map_err(|e| {
             use super::super::spec::SpecField as F;

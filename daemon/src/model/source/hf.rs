@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::super::matrix::RawMatrix;
 use super::super::spec::{
-    Activation, Architecture, ModelSpec, MoeSpec, RopeScaling, RopeSpec, RopeStyle, MAX_LAYERS,
-    SUPPORTED_HF,
+    Activation, Architecture, ModelSpec, MoeSpec, Numerics, RopeScaling, RopeSpec, RopeStyle,
+    MAX_LAYERS, SUPPORTED_HF,
 };
 use super::super::weights::{ExpertRole, LayerRole, Role, WeightSource};
 use super::super::{candle_error_message, ModelError};
@@ -471,6 +471,7 @@ impl HfSource {
             embed_scale: gemma.then(|| round_to(self.dtype(), (n_embd as f32).sqrt())),
             final_softcap: self.f32_key("final_logit_softcapping")?,
             moe,
+            numerics: Numerics::Transformers,
         };
         spec.check().map_err(|e| {
             use super::super::spec::SpecField as F;

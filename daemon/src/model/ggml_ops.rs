@@ -1,0 +1,177 @@
+//! llama.cpp's element-wise formulas, for GGUF models ([`super::spec::Numerics::Ggml`]):
+//! the operations of ggml's CPU backend as llama.cpp runs them on an AVX-512 machine
+//! (GCC, `-march=native`; sources in `ggml/src/ggml-cpu/` of the llama.cpp that the
+//! llama-cpp-python 0.3.36 sdist vendors). A quantized model re-quantizes its
+//! activations at every matrix, which turns a one-ulp difference into a different
+//! quant, so matching llama.cpp's tokens needs these exact roundings, not just
+//! equivalent formulas.
+
+use std::sync::OnceLock;
+
+use crate::model::spec::Activation;
+
+/// `ggml_compute_forward_rms_norm_f32` (`ops.cpp`) followed by the weight multiply:
+/// `sum = Σ (f64)(x·x)` in order, `mean = (f32)(sum / n)`, `scale = 1 / sqrtf(mean + ε)`,
+/// `y = (x · scale) · w` — where transformers computes `x / √(mean + ε) · w` in f32.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    let e = w.len();
+    out.clear();
+    for row in x.chunks_exact(e) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let mean = (sum / e as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(&v, &a)| v * scale * a));
+    }
+}
+
+/// ggml's vectorized `expf` (`ggml_v_expf`, the AVX-512 variant in `vec.h`, after ARM's
+/// optimized routines; at most 1.5 ulp from the true value), one lane: range reduction
+/// `n = round(x / ln 2)`, a degree-5 polynomial in FMAs, `scalef(j, n)`.
+pub fn v_expf(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // `_mm512_scalef_ps(j, n)`: j · 2^n rounded once (exact in f64, then to f32).
+    (f64::from(j) * 2f64.powi(n as i32)) as f32
+}
+
+/// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
+/// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest.
+fn swiglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let vec = g.len() / 16 * 16;
+    for (i, ((d, &x), &y)) in out.iter_mut().zip(g).zip(u).enumerate() {
+        let e = if i < vec { v_expf(0.0 - x) } else { (-x).exp() };
+        *d = x / (1.0 + e) * y;
+    }
+}
+
+/// ggml's GELU table (`ggml_table_gelu_f16`, filled in `ggml_cpu_init`): for every f16
+/// `h`, `f16(gelu(h))` with `gelu(x) = (0.5·x) · (1 + tanhf((√(2/π)·x) · fma(0.044715·x,
+/// x, 1)))` (`ggml_gelu_f32` as GCC contracts it).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_56;
+        const GELU_COEF_A: f32 = 0.044_715;
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = half::f16::from_bits(h).to_f32();
+                let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
+                half::f16::from_f32(y).to_bits()
+            })
+            .collect()
+    })
+}
+
+/// One row of `ggml_vec_geglu_f32` (`vec.h`, `GGML_GELU_FP16` defined): `0` below −10,
+/// `x · u` from 10, otherwise the table's GELU of `f16(x)`, widened, times `u`.
+fn geglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let table = gelu_table();
+    for ((d, &x), &y) in out.iter_mut().zip(g).zip(u) {
+        *d = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * y
+        } else {
+            let h = half::f16::from_f32(x).to_bits();
+            half::f16::from_bits(table[h as usize]).to_f32() * y
+        };
+    }
+}
+
+/// `act(gate) · up` for one row, as ggml's fused GLU ops compute it.
+pub fn glu_row(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
+    match act {
+        Activation::Silu => swiglu_row(g, u, out),
+        Activation::GeluTanh => geglu_row(g, u, out),
+    }
+}
+
+/// `ggml_rope_cache_init` (`ops.cpp`) for positions `0..max_pos`: `θ_scale =
+/// powf(base, −2 / dim)`, and per position `θ = p`, for each pair `cos θ / ff`, `sin θ
+/// / ff` (`ff` the frequency factor, 1 without), then `θ *= θ_scale` — a running
+/// product, where transformers computes `p · base^(−2i/dim)` directly. Returns
+/// `(cos, sin)`, `max_pos × dim/2` each.
+pub fn rope_tables(
+    dim: usize,
+    base: f32,
+    factors: Option<&[f32]>,
+    max_pos: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let half = dim / 2;
+    let theta_scale = base.powf(-2.0 / dim as f32);
+    let mut cos = Vec::with_capacity(max_pos * half);
+    let mut sin = Vec::with_capacity(max_pos * half);
+    for p in 0..max_pos {
+        let mut theta = p as f32;
+        for i in 0..half {
+            let ff = factors.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
+            let t = theta / ff;
+            cos.push(t.cos());
+            sin.push(t.sin());
+            theta *= theta_scale;
+        }
+    }
+    (cos, sin)
+}
+
+/// ggml's rotation of one pair (`rotate_pairs` in `ops.cpp` as GCC contracts it):
+/// `(fma(x0, cos, −x1·sin), fma(x1, cos, x0·sin))`.
+#[inline(always)]
+pub fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> (f32, f32) {
+    (x0.mul_add(cos, -(x1 * sin)), x1.mul_add(cos, x0 * sin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_expf_and_saturates() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.043;
+            let (a, b) = (v_expf(x), x.exp());
+            assert!((a - b).abs() <= 2.0 * b * f32::EPSILON, "{x}: {a} vs {b}");
+        }
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(200.0), f32::INFINITY);
+        assert_eq!(v_expf(0.0), 1.0);
+    }
+
+    #[test]
+    fn rms_norm_accumulates_in_f64_and_multiplies_by_the_reciprocal() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut out = Vec::new();
+        rms_norm_rows(&x, &[1.0; 4], 0.0, &mut out);
+        let scale = 1.0f32 / 7.5f32.sqrt();
+        assert_eq!(out, x.iter().map(|v| v * scale).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn gelu_table_rounds_through_f16() {
+        let mut out = [0f32; 3];
+        geglu_row(&[1.0, -11.0, 12.0], &[2.0, 2.0, 2.0], &mut out);
+        // gelu(1) = 0.841192 → f16 0.84130859375.
+        assert_eq!(out, [0.841_308_6 * 2.0, 0.0, 24.0]);
+    }
+
+    #[test]
+    fn rope_angles_are_a_running_product() {
+        let (cos, sin) = rope_tables(4, 10_000.0, None, 3);
+        let s = 10_000f32.powf(-0.5);
+        assert_eq!(cos[2 * 2 + 1], (2.0 * s).cos());
+        assert_eq!(sin[2], 1f32.sin());
+        assert_eq!(cos[0], 1.0);
+    }
+}
