@@ -5,6 +5,11 @@
 #                                 vendors llama.cpp b11312), builds vendor/llama.cpp with cmake
 #                                 (Release, GGML_NATIVE=ON, OpenMP) and prints the bin folder.
 #   scripts/llamacpp.sh bin       prints the bin folder (building first when it is missing).
+#   scripts/llamacpp.sh bin|build TARGET...
+#                                 the same for just the named targets (e.g. `bin llama-quantize`,
+#                                 what CI needs: it compiles ggml, llama and the tool only, a few
+#                                 minutes instead of the full set). `bin` counts the build as
+#                                 present when those targets are; a later plain `bin` builds the rest.
 #
 # Everything lives under $INFERD_LLAMACPP_DIR (default ~/.cache/inferd/llamacpp-0.3.36):
 # the sdist, its source tree, build/ and build/bin/{llama-server,llama-bench,llama-quantize,
@@ -16,7 +21,8 @@ version="0.3.36"
 dir="${INFERD_LLAMACPP_DIR:-$HOME/.cache/inferd/llamacpp-$version}"
 src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
 bin="$src/build/bin"
-targets=(llama-server llama-bench llama-quantize llama-tokenize)
+all_targets=(llama-server llama-bench llama-quantize llama-tokenize)
+targets=("${all_targets[@]}")
 flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DLLAMA_CURL=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
        -DLLAMA_BUILD_SERVER=ON)
@@ -41,16 +47,30 @@ build() {
     cmake -S "$src" -B "$src/build" "${flags[@]}" >"$dir/cmake-configure.log" 2>&1
     cmake --build "$src/build" --config Release -j "$(nproc)" --target "${targets[@]}" \
         >"$dir/cmake-build.log" 2>&1
-    commit="$(grep -o 'LLAMA_BUILD_NUMBER [0-9]*' "$src/build/common/build-info.cpp" 2>/dev/null || true)"
+    # without llama-server (a partial build): the same facts from the generated build-info.cpp
+    local bi="$src/build/common/build-info.cpp" commit
+    commit="$(sed -n 's/.*LLAMA_BUILD_NUMBER = \([0-9]*\);.*/build \1/p; s/.*LLAMA_COMMIT = "\(.*\)";.*/commit \1/p;
+                      s/.*LLAMA_COMPILER = "\(.*\)";.*/built with \1/p; s/.*LLAMA_BUILD_TARGET = "\(.*\)";.*/for \1/p' \
+              "$bi" 2>/dev/null | paste -sd' ' || true)"
     {
         echo "llama-cpp-python $version sdist, vendor/llama.cpp"
-        "$bin/llama-server" --version 2>&1 | grep -E 'version|built' || echo "$commit"
+        if [ -x "$bin/llama-server" ]; then
+            "$bin/llama-server" --version 2>&1 | grep -E 'version|built' || echo "$commit"
+        else
+            echo "$commit"
+        fi
         echo "cmake ${flags[*]}"
+        if [ "${targets[*]}" != "${all_targets[*]}" ]; then echo "targets ${targets[*]}"; fi
     } >"$dir/build-info.txt"
 }
 
-case "${1:-}" in
+cmd="${1:-}"
+if [ $# -gt 1 ]; then
+    shift
+    targets=("$@")
+fi
+case "$cmd" in
     build) build; echo "$bin" ;;
     bin) built || build; echo "$bin" ;;
-    *) echo "usage: scripts/llamacpp.sh build|bin" >&2; exit 2 ;;
+    *) echo "usage: scripts/llamacpp.sh build|bin [TARGET...]" >&2; exit 2 ;;
 esac

@@ -10,6 +10,10 @@ cd "$root"
 scripts/fetch-model.sh
 # model_runner::gemma3_parity_tests runs the second real model (Gemma 3 270M Q4_K_M).
 scripts/fetch-model.sh gemma3
+# model_runner::quant_parity_tests runs the default model requantized by llama.cpp's
+# llama-quantize (Q8_0, Q4_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, F16): built alone from the
+# llama-cpp-python 0.3.36 sdist when missing (a few minutes), files cached outside the repo.
+scripts/quant-parity.sh files
 # tests/tests/systemd_unit.rs runs `systemd-analyze verify` on configs/inferd.service.
 if ! command -v systemd-analyze >/dev/null; then
     if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq systemd; else

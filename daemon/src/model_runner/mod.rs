@@ -58,3 +58,5 @@ mod batch_tests;
 mod gemma3_parity_tests;
 #[cfg(test)]
 mod parity_tests;
+#[cfg(test)]
+mod quant_parity_tests;

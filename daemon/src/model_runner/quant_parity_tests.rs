@@ -1,0 +1,244 @@
+//! Every quant type against natively built llama.cpp: the default model requantized by
+//! `llama-quantize` to Q8_0, Q4_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K and F16, the default Q4_1
+//! file and Gemma 3 270M Q4_K_M as shipped (`scripts/quant-parity.sh files` makes the
+//! requantized files; `daemon/tests/fixtures/quant-parity/<TYPE>.json` holds
+//! llama-server's greedy outputs with the top-2 probabilities at every position,
+//! `scripts/quant-parity.sh refs` regenerates them).
+//!
+//! llama.cpp's greedy output is the teacher-forced sequence: the prompt is prefilled, then
+//! llama.cpp's tokens are fed one at a time (as llama.cpp decoded them), and at every
+//! position our top-1 token and its probability (softmax of the raw logits, what
+//! llama-server's `n_probs` reports with `post_sampling_probs: false`) are compared with
+//! llama.cpp's. Free-running greedy output is compared up to its first difference.
+
+use std::path::PathBuf;
+
+use candle_core::Device;
+
+use super::parity_tests::argmax;
+use crate::model::{LoadOptions, MatrixPolicy, Model, SoloKv};
+use crate::test_support::{default_model_path, workspace_root};
+
+/// Where `scripts/quant-parity.sh files` puts the requantized files.
+fn quant_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("INFERD_QUANT_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(".cache/inferd/quant-files")
+}
+
+/// The model file of a fixture label.
+fn model_path(label: &str, file: &str) -> PathBuf {
+    match label {
+        "Q4_1" => default_model_path(),
+        "gemma3-Q4_K_M" => workspace_root().join("models").join(file),
+        _ => quant_dir().join(file),
+    }
+}
+
+/// Softmax of `logits`: `(argmax, its probability, probability of token t)`, in f64.
+fn top1_and_prob(logits: &[f32], t: u32) -> (u32, f64, f64) {
+    let best = argmax(logits);
+    let max = f64::from(logits[best as usize]);
+    let z: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    let p = |i: u32| (f64::from(logits[i as usize]) - max).exp() / z;
+    (best, p(best), p(t))
+}
+
+/// Results of one file.
+#[derive(Default)]
+struct FileResult {
+    /// Free-running: tokens equal to llama.cpp's before the first difference, per prompt.
+    free: Vec<(usize, usize)>,
+    /// Teacher-forced positions and those where our top-1 equals llama.cpp's.
+    positions: usize,
+    agree: usize,
+    /// Disagreements at positions where llama.cpp's top-2 margin exceeded twice the
+    /// file's probability bound.
+    clear_misses: Vec<String>,
+    /// Largest |our p(llama.cpp's top-1) − llama.cpp's p1|.
+    max_dp: f64,
+}
+
+/// What each file must reach (measured on this commit line; docs/performance.md has
+/// the table): `(label, free-running prompts equal in full, max |Δp|)`. Teacher-forced
+/// top-1 agreement must be ≥ 90 % everywhere. F16 (activations rounded to f16, no
+/// re-quantization) follows llama.cpp to the token; files whose matrices re-quantize
+/// activations to Q8 still differ by a few hundredths in probability from the first
+/// token on (an open difference in the quantized path, not a near-tie effect).
+const GOALS: [(&str, usize, f64); 9] = [
+    ("F16", 7, 0.005),
+    ("gemma3-Q4_K_M", 7, 0.10),
+    ("Q4_1", 1, 0.15),
+    ("Q8_0", 1, 0.15),
+    ("Q4_0", 1, 0.15),
+    ("Q5_1", 1, 0.15),
+    ("Q4_K_M", 1, 0.15),
+    ("Q5_K_M", 1, 0.15),
+    ("Q6_K", 1, 0.15),
+];
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64())
+                .map(|x| x as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn logits(model: &Model, tokens: &[u32], cache: &mut SoloKv) -> Vec<f32> {
+    model
+        .forward(tokens, cache)
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("logits")
+}
+
+fn check_file(label: &str, max_dp: f64) -> FileResult {
+    let at = workspace_root().join(format!("daemon/tests/fixtures/quant-parity/{label}.json"));
+    let text = std::fs::read_to_string(&at).expect("fixture");
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+    let file = fixture["meta"]["model_file"].as_str().expect("model_file");
+    let path = model_path(label, file);
+    assert!(
+        path.is_file(),
+        "{} missing: run scripts/quant-parity.sh files (the default model and \
+         scripts/fetch-model.sh gemma3 for the shipped files)",
+        path.display()
+    );
+    let opts = LoadOptions {
+        device: Device::Cpu,
+        matrices: MatrixPolicy::default(),
+    };
+    let model = crate::model::load(&path, &opts).expect("load").model;
+    let mut r = FileResult::default();
+    for prompt in fixture["prompts"].as_array().expect("prompts") {
+        let name = prompt["id"].as_str().unwrap_or("?");
+        let p = ids(&prompt["prompt_token_ids"]);
+        let gen = ids(&prompt["generated_token_ids"]);
+        let positions = prompt["positions"].as_array().expect("positions");
+        assert_eq!(
+            positions.len(),
+            gen.len(),
+            "{label} {name}: positions per token"
+        );
+        // Teacher-forced along llama.cpp's tokens.
+        let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
+        let mut next = p.clone();
+        for (i, (&want, pos)) in gen.iter().zip(positions).enumerate() {
+            let l = logits(&model, &next, &mut cache);
+            let p1 = pos[1].as_f64().unwrap_or(0.0);
+            let p2 = pos[3].as_f64().unwrap_or(0.0);
+            let (ours, our_p1, our_p_want) = top1_and_prob(&l, want);
+            r.positions += 1;
+            r.agree += usize::from(ours == want);
+            r.max_dp = r.max_dp.max((our_p_want - p1).abs());
+            if std::env::var_os("INFERD_PARITY_TRACE").is_some() && (our_p_want - p1).abs() > 0.01 {
+                eprintln!("{label} {name} position {i}: llama.cpp {want} p {p1:.5}; ours p {our_p_want:.5}, top {ours} p {our_p1:.5}");
+            }
+            // Both probabilities may move by `max_dp`: a lead of more than twice that is
+            // not a near tie, and our top-1 must be llama.cpp's there.
+            if ours != want && p1 - p2 > 2.0 * max_dp {
+                r.clear_misses.push(format!(
+                    "{name} position {i}: llama.cpp {want} (p {p1:.4}, runner-up {p2:.4}), ours {ours} (p {our_p1:.4})"
+                ));
+            }
+            next = vec![want];
+        }
+        // Free-running greedy, to the first difference.
+        let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
+        let mut next = p;
+        let mut matched = 0;
+        for &want in &gen {
+            let t = argmax(&logits(&model, &next, &mut cache));
+            if t != want {
+                break;
+            }
+            matched += 1;
+            next = vec![t];
+        }
+        r.free.push((matched, gen.len()));
+    }
+    r
+}
+
+fn run(label: &str) {
+    let Some(&(_, min_full, max_dp)) = GOALS.iter().find(|g| g.0 == label) else {
+        panic!("no goal for {label}");
+    };
+    let r = check_file(label, max_dp);
+    let full = r.free.iter().filter(|(m, n)| m == n).count();
+    let report = format!(
+        "{label}: free-running {:?} (matched/total per prompt, {full} in full); teacher-forced \
+         top-1 {}/{}; max |Δp| {:.5}",
+        r.free, r.agree, r.positions, r.max_dp
+    );
+    eprintln!("{report}");
+    assert!(
+        r.clear_misses.is_empty(),
+        "{report}: top-1 differs where llama.cpp's is clear: {:#?}",
+        r.clear_misses
+    );
+    assert!(
+        r.agree * 10 >= r.positions * 9,
+        "{report}: teacher-forced agreement below 90 %"
+    );
+    assert!(
+        full >= min_full,
+        "{report}: fewer than {min_full} prompts equal in full"
+    );
+    assert!(
+        r.max_dp <= max_dp,
+        "{report}: probability differs by more than {max_dp}"
+    );
+}
+
+#[test]
+fn q4_1_matches_llama_cpp() {
+    run("Q4_1");
+}
+
+#[test]
+fn q8_0_matches_llama_cpp() {
+    run("Q8_0");
+}
+
+#[test]
+fn q4_0_matches_llama_cpp() {
+    run("Q4_0");
+}
+
+#[test]
+fn q5_1_matches_llama_cpp() {
+    run("Q5_1");
+}
+
+#[test]
+fn q4_k_m_matches_llama_cpp() {
+    run("Q4_K_M");
+}
+
+#[test]
+fn q5_k_m_matches_llama_cpp() {
+    run("Q5_K_M");
+}
+
+#[test]
+fn q6_k_matches_llama_cpp() {
+    run("Q6_K");
+}
+
+#[test]
+fn f16_matches_llama_cpp() {
+    run("F16");
+}
+
+#[test]
+fn gemma3_q4_k_m_matches_llama_cpp() {
+    run("gemma3-Q4_K_M");
+}
