@@ -47,6 +47,7 @@ for r in range(1, rounds + 1):
     m = {}
     for side in ("base", "new"):
         j = json.load(open(f"{out}/{side}-{r}.json"))
+        j = j[0] if isinstance(j, list) else j  # one object per model file
         d = j["inferd"]
         c = {x["n"]: x for x in d["concurrency"]}
         m[side] = {

@@ -42,6 +42,6 @@ target/release/inferd-bench --bin target/release/inferd \
 mkdir -p "$out"
 if [[ "$(realpath "$out")" != "$(realpath target/bench)" ]]; then
     cp target/bench/serve_bench.json "$out/"
-    cp target/bench/inferd.stderr.log "$out/" 2>/dev/null || true
+    cp target/bench/*.inferd.log "$out/" 2>/dev/null || true
 fi
 echo "bench-cuda: wrote $out/serve_bench.json"

@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""llama.cpp peer of inferd-bench (issue 3), through llama-cpp-python's low-level API.
+"""llama.cpp through llama-cpp-python's low-level API: the `Engine` of the prefix
+scenario's peer (`peer_prefix_llama_cpp.py`, `inferd-bench --scenario prefix`).
+
+The serving scenario no longer runs this script: it measures native llama-server and
+llama-bench (docs/bench-harness.md). Its own main below still runs stand-alone, as the
+serving peer it used to be (issue 3):
 
 Measures the same figures as the Rust harness measures on inferd, on the same GGUF with
 the same thread count, using llama.cpp's own batching the way llama-server's parallel

@@ -1,17 +1,15 @@
-//! Measurements of inferd through its WebSocket protocol (`docs/protocol.md`).
+//! inferd's WebSocket protocol (`docs/protocol.md`): requests and their traces.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
-use tokio::sync::Barrier;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::figures::{level_from, Decode, Level, Prefill, StreamTiming};
+use crate::figures::StreamTiming;
 
 /// One WebSocket connection to the daemon.
 pub struct Conn {
@@ -35,6 +33,9 @@ pub struct Trace {
     pub usage_cached_tokens: Option<u64>,
     /// The deltas' text, concatenated.
     pub text: String,
+    /// The engine's own timings of the request where it reports them (llama-server's
+    /// `timings`), else null.
+    pub engine_timings: Value,
 }
 
 impl Conn {
@@ -172,6 +173,7 @@ impl Conn {
             finish_reason: String::new(),
             usage_cached_tokens: None,
             text: String::new(),
+            engine_timings: Value::Null,
         };
         loop {
             let (at, frame) = self.reply_for(id, timeout).await?;
@@ -267,95 +269,4 @@ pub async fn text_of_tokens(
         }
     }
     Ok(best)
-}
-
-/// Single-stream prefill: each prompt once with `max_tokens` 1, one after the other.
-pub async fn measure_prefill(url: &str, prompts: &[String], timeout: Duration) -> Result<Prefill> {
-    let mut conn = Conn::connect(url).await?;
-    let mut ttft_ms = Vec::new();
-    let mut best: f64 = 0.0;
-    let mut prompt_tokens = 0;
-    for (i, prompt) in prompts.iter().enumerate() {
-        let trace = conn
-            .generate(&format!("prefill-{i}"), prompt, 1, timeout)
-            .await?;
-        let ttft = trace
-            .timing
-            .ttft_s()
-            .ok_or_else(|| anyhow!("prefill request {i} produced no token"))?;
-        let computed = trace.prompt_tokens.saturating_sub(trace.cached_tokens);
-        if i == 0 {
-            prompt_tokens = trace.prompt_tokens;
-        }
-        ttft_ms.push(ttft * 1e3);
-        best = best.max(computed as f64 / ttft);
-    }
-    Ok(Prefill {
-        prompt_tokens,
-        ttft_ms,
-        tok_per_s: best,
-    })
-}
-
-/// Single-stream decode of up to `max_tokens` tokens.
-pub async fn measure_decode(
-    url: &str,
-    prompt: &str,
-    max_tokens: u64,
-    timeout: Duration,
-) -> Result<(Decode, String)> {
-    let mut conn = Conn::connect(url).await?;
-    let trace = conn.generate("decode", prompt, max_tokens, timeout).await?;
-    let (tokens_after_first, span_s) = trace.timing.decode_span();
-    let decode = Decode {
-        prompt_tokens: trace.prompt_tokens,
-        tokens: trace.timing.tokens(),
-        span_s,
-        tok_per_s: if span_s > 0.0 {
-            tokens_after_first as f64 / span_s
-        } else {
-            0.0
-        },
-        ttft_ms: trace.timing.ttft_s().unwrap_or(0.0) * 1e3,
-    };
-    Ok((decode, trace.finish_reason))
-}
-
-/// `prompts.len()` streams at once, one connection and one `generate` each. The
-/// connections are opened first; the requests are sent together behind a barrier.
-pub async fn measure_level(
-    url: &str,
-    prompts: &[String],
-    max_tokens: u64,
-    timeout: Duration,
-) -> Result<Level> {
-    let n = prompts.len();
-    let mut conns = Vec::with_capacity(n);
-    for _ in 0..n {
-        conns.push(Conn::connect(url).await?);
-    }
-    let barrier = Arc::new(Barrier::new(n));
-    let mut tasks = Vec::with_capacity(n);
-    for (i, (mut conn, prompt)) in conns.into_iter().zip(prompts.iter().cloned()).enumerate() {
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            conn.generate(&format!("c{n}-{i}"), &prompt, max_tokens, timeout)
-                .await
-        }));
-    }
-    let mut traces = Vec::with_capacity(n);
-    for task in tasks {
-        traces.push(task.await.context("stream task panicked")??);
-    }
-    let first = traces
-        .iter()
-        .map(|t| t.sent)
-        .min()
-        .ok_or_else(|| anyhow!("no streams"))?;
-    let streams: Vec<(f64, StreamTiming)> = traces
-        .into_iter()
-        .map(|t| (t.sent.duration_since(first).as_secs_f64(), t.timing))
-        .collect();
-    Ok(level_from(n, max_tokens, &streams))
 }

@@ -31,6 +31,29 @@ pub struct DaemonSpec {
     pub startup_timeout: Duration,
 }
 
+impl DaemonSpec {
+    /// The arguments after the binary.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "serve".into(),
+            "--config".into(),
+            self.config.display().to_string(),
+            "--model".into(),
+            self.model.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ]
+    }
+
+    /// The environment overrides and the whole command line, as a shell would run it.
+    pub fn command_line(&self) -> String {
+        let mut parts: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        parts.push(self.bin.display().to_string());
+        parts.extend(self.args());
+        parts.join(" ")
+    }
+}
+
 /// A running daemon; killed when dropped.
 #[derive(Debug)]
 pub struct Daemon {
@@ -55,13 +78,7 @@ impl Daemon {
         let mut command = Command::new(&spec.bin);
         command
             .current_dir(&spec.root)
-            .arg("serve")
-            .arg("--config")
-            .arg(&spec.config)
-            .arg("--model")
-            .arg(&spec.model)
-            .arg("--listen")
-            .arg("127.0.0.1:0")
+            .args(spec.args())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));

@@ -1,5 +1,5 @@
-//! Result types shared by both engines. The peer script (`peer_llama_cpp.py`) prints
-//! exactly this shape as JSON, so one table and one set of goals serve both sides.
+//! Result types shared by both engines: [`crate::measure`] fills them the same way for
+//! inferd and llama-server, so one table and one set of goals serve both sides.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -20,6 +20,7 @@ use tokio::sync::Barrier;
 
 use crate::client::Conn;
 use crate::daemon::{Daemon, DaemonSpec};
+use crate::http_client::{self, EventStream};
 use crate::prefix::Setup;
 use crate::report::{goal_list, table};
 use crate::Cli;
@@ -93,89 +94,41 @@ async fn ws_stream(url: &str, i: usize, max_tokens: u64, timeout: Duration) -> R
 }
 
 /// One greedy completion over `POST /v1/completions` with `stream: true`: reads the
-/// chunked body as it arrives and timestamps each `data:` event.
+/// body as it arrives and timestamps each `data:` event.
 async fn sse_stream(addr: &str, i: usize, max_tokens: u64, timeout: Duration) -> Result<Stream> {
     let body = json!({
         "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true},
     })
     .to_string();
-    let mut sock = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    sock.set_nodelay(true)?;
-    let request = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let sent = Instant::now();
-    sock.write_all(request.as_bytes()).await?;
-    let mut buf: Vec<u8> = Vec::new();
-    let mut head_done = false;
+    let sock = http_client::connect(addr).await?;
+    let mut events = EventStream::post(sock, addr, "/v1/completions", &body, timeout).await?;
     let mut s = Stream {
         ttft_s: f64::NAN,
         end_s: f64::NAN,
         tokens: 0,
         text: String::new(),
     };
-    let deadline = sent + timeout;
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        let n = tokio::time::timeout_at(deadline.into(), sock.read(&mut chunk))
-            .await
-            .map_err(|_| anyhow!("no end of stream within {} s", timeout.as_secs()))??;
-        if n == 0 {
-            bail!("the daemon closed the stream before [DONE]");
+    while let Some((at, event)) = events.next_event().await? {
+        if event == "[DONE]" {
+            s.end_s = at;
+            return Ok(s);
         }
-        let at = sent.elapsed().as_secs_f64();
-        buf.extend_from_slice(&chunk[..n]);
-        if !head_done {
-            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                continue;
-            };
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            if !head.starts_with("HTTP/1.1 200") {
-                bail!("HTTP error: {head}");
-            }
-            buf.drain(..end + 4);
-            head_done = true;
+        let v: Value = serde_json::from_str(&event)?;
+        if let Some(e) = v.get("error") {
+            bail!("error in stream: {e}");
         }
-        // Chunked transfer coding: "<hex size>\r\n<data>\r\n"; every chunk the daemon
-        // writes is whole SSE events.
-        while let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") {
-            let size = usize::from_str_radix(String::from_utf8_lossy(&buf[..line_end]).trim(), 16)
-                .map_err(|_| anyhow!("bad chunk size"))?;
-            if buf.len() < line_end + 2 + size + 2 {
-                break;
+        if let Some(t) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
+            if s.text.is_empty() {
+                s.ttft_s = at;
             }
-            let data =
-                String::from_utf8_lossy(&buf[line_end + 2..line_end + 2 + size]).into_owned();
-            buf.drain(..line_end + 2 + size + 2);
-            if size == 0 {
-                bail!("the stream ended without [DONE]");
-            }
-            for event in data.split("\n\n").filter_map(|e| e.strip_prefix("data: ")) {
-                if event == "[DONE]" {
-                    s.end_s = at;
-                    return Ok(s);
-                }
-                let v: Value = serde_json::from_str(event)?;
-                if let Some(e) = v.get("error") {
-                    bail!("error in stream: {e}");
-                }
-                if let Some(t) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
-                    if s.text.is_empty() {
-                        s.ttft_s = at;
-                    }
-                    s.text.push_str(t);
-                }
-                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                    s.tokens = n;
-                }
-            }
+            s.text.push_str(t);
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            s.tokens = n;
         }
     }
+    bail!("the daemon closed the stream before [DONE]")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

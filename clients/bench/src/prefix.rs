@@ -801,7 +801,7 @@ fn peer_part(run: &Run, ttft: &TtftPart) -> std::result::Result<Value, String> {
     if cli.no_peer {
         return Err("skipped (--no-peer)".into());
     }
-    let python = crate::peer_python(cli)?;
+    let python = crate::python_peer::peer_python(cli)?;
     let script = cli
         .peer_script
         .clone()
@@ -835,7 +835,7 @@ fn peer_part(run: &Run, ttft: &TtftPart) -> std::result::Result<Value, String> {
         python.display(),
         script.display()
     );
-    let json = crate::peer::run_script(
+    let json = crate::python_peer::run_script(
         &python,
         &script,
         &spec,
@@ -938,7 +938,7 @@ pub fn run(cli: &Cli, setup: Setup) -> Result<()> {
         logs: Vec::new(),
     };
 
-    let busy_before_inferd = crate::other_cpu_busy();
+    let busy_before_inferd = crate::machine::other_cpu_busy();
     let result = ttft_part(&mut run, &ttft_store).and_then(|t| {
         let d = decode_part(&mut run, &decode_store, &unused_store)?;
         Ok((t, d))
@@ -953,7 +953,7 @@ pub fn run(cli: &Cli, setup: Setup) -> Result<()> {
     let busy_before_peer = if cli.no_peer {
         None
     } else {
-        crate::other_cpu_busy()
+        crate::machine::other_cpu_busy()
     };
     let peer = peer_part(&run, &ttft);
     if let Err(e) = &peer {

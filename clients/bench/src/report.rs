@@ -5,6 +5,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::figures::{Figures, Level};
+use crate::llama_bench::LlamaBench;
 
 /// One table row: a metric for both engines.
 #[derive(Debug, Clone, Serialize)]
@@ -106,6 +107,36 @@ pub fn rows(ours: &Figures, peer: Option<&Figures>) -> Vec<Row> {
         &|f| Some(f.peak_rss_bytes as f64 / (1024.0 * 1024.0)),
         Some(false),
     );
+    rows
+}
+
+/// Rows comparing inferd's served prefill and decode with llama-bench's `pp` and `tg`
+/// (llama.cpp without a server).
+pub fn bench_rows(ours: &Figures, bench: &LlamaBench) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut push = |metric: String, a: f64, b: Option<f64>| {
+        rows.push(Row {
+            metric,
+            inferd: Some(a),
+            peer: b,
+            ratio: ratio(Some(a), b),
+            higher_is_better: Some(true),
+        })
+    };
+    if let Some(pp) = &bench.pp {
+        push(
+            format!("prefill tok/s vs llama-bench {}", pp.name),
+            ours.prefill.tok_per_s,
+            Some(pp.avg_tok_per_s),
+        );
+    }
+    if let Some(tg) = &bench.tg {
+        push(
+            format!("decode tok/s vs llama-bench {}", tg.name),
+            ours.decode.tok_per_s,
+            Some(tg.avg_tok_per_s),
+        );
+    }
     rows
 }
 

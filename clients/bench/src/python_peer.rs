@@ -1,4 +1,6 @@
-//! Running the llama.cpp peer (`peer_llama_cpp.py`) as a subprocess.
+//! The Python peer of `--scenario prefix`: `peer_prefix_llama_cpp.py` on
+//! llama-cpp-python, run as a subprocess with a JSON spec. (The serving scenario's peer
+//! is native llama-server, see [`crate::llama_server`].)
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -8,42 +10,20 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
-use crate::figures::Figures;
+use crate::Cli;
 
-/// What the peer script is asked to measure; written to a JSON file passed as `--spec`.
-#[derive(Debug, Clone, Serialize)]
-pub struct PeerSpec {
-    /// GGUF model file.
-    pub model: PathBuf,
-    /// CPU threads (`n_threads` and `n_threads_batch`).
-    pub threads: usize,
-    /// KV cache size in tokens (`n_ctx`), equal in bytes to inferd's KV budget.
-    pub n_ctx: u64,
-    /// Tokens generated per stream in the decode and concurrency runs.
-    pub max_tokens: u64,
-    /// Prompts of the prefill repetitions (`max_tokens` 1 each).
-    pub prefill_prompts: Vec<String>,
-    /// Prompt of the single-stream decode run.
-    pub decode_prompt: String,
-    /// Repetitions of the decode run (the best counts).
-    pub decode_reps: usize,
-    /// Concurrency levels.
-    pub concurrency: Vec<usize>,
-    /// Prompts of the concurrency runs (level N uses the first N).
-    pub concurrent_prompts: Vec<String>,
-}
+/// Default llama-cpp-python interpreter.
+const DEFAULT_PEER_PYTHON: &str = "/work/llama-venv/bin/python";
 
-/// Runs `python script --spec FILE` and parses the [`Figures`] it prints on stdout.
-/// Its stderr (progress) passes through.
-pub fn run_peer(
-    python: &Path,
-    script: &Path,
-    spec: &PeerSpec,
-    spec_file: &Path,
-    timeout: Duration,
-) -> Result<Figures> {
-    let json = run_script(python, script, spec, spec_file, timeout)?;
-    serde_json::from_str(&json).with_context(|| format!("cannot parse the peer's JSON: {json}"))
+/// The peer's Python: `--peer-python`, else the default one when it exists.
+pub fn peer_python(cli: &Cli) -> std::result::Result<PathBuf, String> {
+    match &cli.peer_python {
+        Some(p) => Ok(p.clone()),
+        None if Path::new(DEFAULT_PEER_PYTHON).exists() => Ok(DEFAULT_PEER_PYTHON.into()),
+        None => Err(format!(
+            "no peer: {DEFAULT_PEER_PYTHON} does not exist (pass --peer-python)"
+        )),
+    }
 }
 
 /// Writes `spec` to `spec_file`, runs `python script --spec FILE` (killed after
