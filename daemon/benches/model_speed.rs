@@ -100,6 +100,7 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
                 start_pos: pos[i],
                 block_table: tables[i].clone(),
                 want_logits: true,
+                prompt_len: 32,
                 persist: Vec::new(),
             })
             .collect();

@@ -5,6 +5,7 @@
 
 use half::f16;
 
+use super::cpu_attention_tiled::{attend_head_tiled, tiled_row};
 use super::kv_pool::{ForwardSeq, HostKv, KvBlockPool};
 use super::transformer::AttnShape;
 
@@ -26,7 +27,9 @@ const ROW_CHUNK: usize = 16;
 /// Per query head: `s_j = (q · k_j) · scale`, `w = softmax(s)`, `y = Σ_j w_j v_j`, in
 /// ascending `j`. Every query row is computed by the same code whatever else is in the
 /// batch, so a sequence's output does not depend on its batch company, and a prompt
-/// prefilled in chunks gives the same values as one prefilled whole.
+/// prefilled in chunks gives the same values as one prefilled whole. With `ggml` (GGUF
+/// models) the prompt rows of long prompts take llama.cpp's tiled arithmetic
+/// ([`tiled_row`]), chosen by position and prompt length alone.
 ///
 /// # Errors
 /// The pool is not a host pool.
@@ -36,6 +39,7 @@ pub(super) fn attend_cpu(
     seqs: &[ForwardSeq<'_>],
     q: &[f32],
     shape: AttnShape,
+    ggml: bool,
 ) -> candle_core::Result<Vec<f32>> {
     let Some(kv) = pool.host_layer(layer) else {
         candle_core::bail!("layer {layer}: the CPU attention kernel needs a host KV pool");
@@ -73,9 +77,29 @@ pub(super) fn attend_cpu(
     let simd = Simd::detect();
     let run = |&(i, h, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
         let q = &q[row0[i] * row_width..];
+        let seq = &seqs[i];
         match kv {
-            HostKv::F16(kc, vc) => attend_head(pool, kc, vc, &seqs[i], h, r0..r1, q, shape, simd),
-            HostKv::F32(kc, vc) => attend_head_exact(pool, kc, vc, &seqs[i], h, r0..r1, q, shape),
+            HostKv::F16(kc, vc) if ggml => {
+                // Runs of rows with the same kernel: llama.cpp's tiled one for prompt rows
+                // of long prompts, the one-chunk one otherwise.
+                let tiled = |r: usize| tiled_row(seq.start_pos + r, seq.prompt_len);
+                let mut out = Vec::with_capacity((r1 - r0) * shape.head_dim);
+                let mut a = r0;
+                while a < r1 {
+                    let t = tiled(a);
+                    let b = (a..r1).find(|&r| tiled(r) != t).unwrap_or(r1);
+                    if t {
+                        let offs = key_offsets(pool, seq, h, seq.start_pos + b, shape);
+                        out.extend(attend_head_tiled(kc, vc, &offs, seq, h, a..b, q, shape));
+                    } else {
+                        out.extend(attend_head(pool, kc, vc, seq, h, a..b, q, shape, simd));
+                    }
+                    a = b;
+                }
+                out
+            }
+            HostKv::F16(kc, vc) => attend_head(pool, kc, vc, seq, h, r0..r1, q, shape, simd),
+            HostKv::F32(kc, vc) => attend_head_exact(pool, kc, vc, seq, h, r0..r1, q, shape),
         }
     };
     let outs: Vec<Vec<f32>> = if pairs * n_head >= PAR_MIN_PAIRS && work.len() > 1 {
@@ -598,6 +622,7 @@ mod tests {
             start_pos: 0,
             block_table: &table,
             logit_rows: 0,
+            prompt_len: 0,
         };
         let mut k = rand_vec(n * 64, 3);
         let v = rand_vec(n * 64, 4);

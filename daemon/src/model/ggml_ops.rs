@@ -61,7 +61,7 @@ fn swiglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
 fn gelu_table() -> &'static [u16] {
     static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        const SQRT_2_OVER_PI: f32 = 0.797_884_56;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
         const GELU_COEF_A: f32 = 0.044_715;
         (0..=u16::MAX)
             .map(|h| {
@@ -126,11 +126,13 @@ pub fn rope_tables(
     (cos, sin)
 }
 
-/// ggml's rotation of one pair (`rotate_pairs` in `ops.cpp` as GCC contracts it):
-/// `(fma(x0, cos, −x1·sin), fma(x1, cos, x0·sin))`.
+/// ggml's rotation of one pair (`rotate_pairs` in `ops.cpp` as GCC contracts and
+/// vectorizes it, `vfmaddsub`): `(fma(x0, cos, −x1·sin), fma(x0, sin, x1·cos))` — the
+/// first element's products fused, the second's rounded (checked against llama.cpp's
+/// `Qcur`/`Kcur` tensors with `model::trace_tests`).
 #[inline(always)]
 pub fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> (f32, f32) {
-    (x0.mul_add(cos, -(x1 * sin)), x1.mul_add(cos, x0 * sin))
+    (x0.mul_add(cos, -(x1 * sin)), x0.mul_add(sin, x1 * cos))
 }
 
 #[cfg(test)]

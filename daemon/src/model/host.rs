@@ -245,7 +245,14 @@ impl Backend for HostBackend<'_> {
     ) -> candle_core::Result<Rows> {
         self.pool.write_host(layer, self.seqs, &k.v, &v.v)?;
         Ok(Rows {
-            v: attend_cpu(self.pool, layer, self.seqs, &q.v, shape)?,
+            v: attend_cpu(
+                self.pool,
+                layer,
+                self.seqs,
+                &q.v,
+                shape,
+                self.numerics == Numerics::Ggml,
+            )?,
             n: q.n,
         })
     }

@@ -78,6 +78,12 @@ pub struct ForwardSeq<'a> {
     /// How many of the last positions' logits are wanted: 0 for a prefill chunk that
     /// is not the prompt's last, 1 for the next token, more to verify draft tokens.
     pub logit_rows: usize,
+    /// Length of the request's prompt (positions below it are prompt tokens; 0 when the
+    /// caller does not say). GGUF models give prompt rows of long prompts llama.cpp's
+    /// tiled attention arithmetic, as llama-server's prefill does
+    /// ([`super::cpu_attention_tiled`]); this depends only on the position and the
+    /// prompt length, never on how the prompt is chunked.
+    pub prompt_len: usize,
 }
 
 /// Per-layer storage.
@@ -530,6 +536,8 @@ pub struct SoloKv {
     pool: KvBlockPool,
     table: Vec<u32>,
     len: usize,
+    /// Tokens of the first forward call (the prompt).
+    prompt_len: usize,
 }
 
 /// Block size of [`SoloKv`] pools, tokens.
@@ -545,6 +553,7 @@ impl SoloKv {
             pool: KvBlockPool::new(config, SOLO_BLOCK_SIZE, 1, device)?,
             table: Vec::new(),
             len: 0,
+            prompt_len: 0,
         })
     }
 
@@ -571,9 +580,21 @@ impl SoloKv {
         Ok((&mut self.pool, &self.table, self.len))
     }
 
-    /// Records that `n` tokens were appended.
+    /// Records that `n` tokens were appended (the first call's `n` is the prompt).
     pub(super) fn advance(&mut self, n: usize) {
+        if self.len == 0 {
+            self.prompt_len = n;
+        }
         self.len += n;
+    }
+
+    /// The prompt length: the first call's token count (or `pending` before it).
+    pub(super) fn prompt_len(&self, pending: usize) -> usize {
+        if self.len == 0 {
+            pending
+        } else {
+            self.prompt_len
+        }
     }
 }
 
@@ -611,6 +632,7 @@ pub(super) mod tests {
             start_pos: 0,
             block_table: &[2],
             logit_rows: 0,
+            prompt_len: 0,
         };
         let k = [0.1f32, 0.2, 0.3, 1e-9, -5.0, 6.0, 7.0, 8.0];
         pool.write_host(0, &[seq], &k, &k).unwrap();
@@ -639,6 +661,7 @@ pub(super) mod tests {
             start_pos: 0,
             block_table: &table,
             logit_rows: 0,
+            prompt_len: 0,
         };
         for layer in 0..2 {
             let k = rand_vec(8 * 16, 10 + layer as u32);

@@ -12,6 +12,7 @@
 //! `cpu_attention.rs`, `team.rs` (compute threads).
 
 pub mod cpu_attention;
+pub mod cpu_attention_tiled;
 pub mod ggml_matrix;
 pub mod ggml_ops;
 pub mod host;
@@ -30,6 +31,10 @@ pub mod weights;
 
 #[cfg(test)]
 mod reference_tests;
+#[cfg(test)]
+mod trace;
+#[cfg(test)]
+mod trace_tests;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

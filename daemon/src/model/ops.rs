@@ -278,7 +278,7 @@ impl Backend for TensorBackend<'_> {
             // Stored as f16 like llama.cpp's default KV cache type (or f32).
             self.pool
                 .write_host(layer, self.seqs, &host(&k)?, &host(&v)?)?;
-            let y = attend_cpu(self.pool, layer, self.seqs, &host(&q)?, s)?;
+            let y = attend_cpu(self.pool, layer, self.seqs, &host(&q)?, s, self.host_ops)?;
             return Tensor::from_vec(y, q.shape(), &self.device);
         }
         self.attention_device(layer, &q, &k, &v, s)

@@ -77,6 +77,7 @@ fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         start_pos: start,
         block_table: table,
         logit_rows: tokens.len(),
+        prompt_len: tokens.len(),
     };
     model
         .forward_batch(&[seq], pool)
@@ -242,6 +243,7 @@ fn tensor_backend_matches_transformers_on_every_architecture() {
                 start_pos: start,
                 block_table: &table,
                 logit_rows: rows,
+                prompt_len: 0,
             };
             let out = model.forward_batch_ops(&[seq], &mut pool).expect("forward");
             if rows == 1 {

@@ -199,12 +199,14 @@ impl Model {
     /// # Errors
     /// A candle error, no tokens, or the context window would be exceeded.
     pub fn forward(&self, tokens: &[u32], cache: &mut SoloKv) -> candle_core::Result<Tensor> {
+        let prompt_len = cache.prompt_len(tokens.len());
         let (pool, table, start) = cache.reserve(tokens.len())?;
         let seq = ForwardSeq {
             tokens,
             start_pos: start,
             block_table: table,
             logit_rows: 1,
+            prompt_len,
         };
         let logits = self.forward_batch(&[seq], pool)?;
         cache.advance(tokens.len());
@@ -317,6 +319,23 @@ impl Model {
     }
 
     /// The decoder loop.
+    /// [`Self::forward_batch`] through the tracing backend: every op's output, named as
+    /// in llama.cpp's graph (tests only, `model::trace`).
+    #[cfg(test)]
+    pub(crate) fn forward_traced(
+        &self,
+        seqs: &[ForwardSeq<'_>],
+        pool: &mut KvBlockPool,
+    ) -> candle_core::Result<Vec<(String, Vec<f32>)>> {
+        let Some(b) = self.batch_inputs(seqs, pool)? else {
+            return Ok(Vec::new());
+        };
+        let host = super::host::HostBackend::new(pool, seqs, &b.positions, self.spec.numerics);
+        let mut be = super::trace::TraceBackend::new(host);
+        self.decode(&mut be, &b)?;
+        Ok(be.out)
+    }
+
     fn decode<B: Backend>(
         &self,
         be: &mut B,

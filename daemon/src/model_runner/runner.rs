@@ -45,6 +45,8 @@ pub struct BatchItem {
     pub block_table: Vec<u32>,
     /// Whether to return the logits of the last token.
     pub want_logits: bool,
+    /// The request's prompt length ([`crate::model::ForwardSeq::prompt_len`]).
+    pub prompt_len: usize,
     /// Blocks this step completes that the prefix store should keep.
     pub persist: Vec<PersistBlock>,
 }
@@ -155,6 +157,7 @@ impl ModelRunner {
                 start_pos: i.start_pos,
                 block_table: &i.block_table,
                 logit_rows: usize::from(i.want_logits),
+                prompt_len: i.prompt_len,
             })
             .collect();
         let result = self

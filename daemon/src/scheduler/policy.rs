@@ -451,6 +451,7 @@ impl Scheduler {
                 start_pos: s.computed,
                 block_table: self.blocks.table(s.id).to_vec(),
                 want_logits: s.computed + s.in_flight == s.total_len(),
+                prompt_len: s.prompt.len(),
                 persist,
             });
         }
