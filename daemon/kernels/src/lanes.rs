@@ -252,6 +252,18 @@ pub mod x86 {
         _mm_cvtss_f32(res)
     }
 
+    /// The little-endian f16 at `p`, widened to f32 with F16C (`_cvtsh_ss`, as ggml's
+    /// `GGML_CPU_FP16_TO_FP32`; exact, the same value as [`crate::half::le_f16`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C. `p` must be readable for 2 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_at(p: *const u8) -> f32 {
+        let h = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+    }
+
     /// ggml's `mul_sum_i8_pairs_float` without the VNNI instruction: eight lanes of
     /// 4-product sums of signed bytes, as f32 (exact integers).
     ///

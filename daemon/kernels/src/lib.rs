@@ -22,7 +22,8 @@
 //!   module per type ([`q4_0`], [`q4_1`], …); no module copies another's kernel.
 //! - Shared pieces, once: [`isa`] (feature detection, chosen at start-up), [`half`]
 //!   (f16/bf16 conversions), [`act`] (activation quantization), [`lanes`] (the 8-lane
-//!   f32 accumulator and ggml's horizontal sum).
+//!   f32 accumulator and ggml's horizontal sum), [`tiles`] (one weight row against a tile
+//!   of activation rows, for multi-row products).
 //! - [`QuantMatrix`]: a weight matrix of any implemented type behind one object-safe
 //!   interface ([`Kernel`]), with single-row (decode) and multi-row (prefill, batched
 //!   decode) products over any range of output features, for the caller's thread team.
@@ -36,6 +37,7 @@ pub mod half;
 pub mod isa;
 pub mod lanes;
 mod matrix;
+pub mod tiles;
 pub mod types;
 
 pub mod bf16;
@@ -54,6 +56,8 @@ pub mod q8_0;
 
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod timing_tests;
 
 pub use act::{ActFormat, Activations};
 pub use isa::Isa;
@@ -115,7 +119,8 @@ pub trait Quant: Send + Sync + 'static {
 
     /// Dot products of one weight row with several activation rows:
     /// `out[j] = vec_dot(w, a_rows[j])`. Types may override this to unpack a weight
-    /// block once for all rows; the result must equal the one-row calls bit for bit.
+    /// block once for all rows ([`tiles`]); the result must equal the one-row calls bit
+    /// for bit.
     fn vec_dot_rows(
         isa: Isa,
         w: &[u8],
@@ -123,8 +128,6 @@ pub trait Quant: Send + Sync + 'static {
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
-        for (o, j) in out.iter_mut().zip(rows) {
-            *o = Self::vec_dot(isa, w, a.row(j));
-        }
+        tiles::each_row::<Self>(isa, w, a, rows, out);
     }
 }

@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use crate::act::{self, ActFormat, Activations};
+use crate::tiles::TILE;
 use crate::{GgmlType, Isa, KernelError, Quant};
 
 /// Activations in whichever format a matrix's type needs ([`Kernel::quantize`]).
@@ -129,14 +130,23 @@ where
                 a.k()
             )));
         }
-        // Activation rows in chunks that stay in L1/L2, each weight row's bytes reused
-        // across a chunk.
-        const CHUNK: usize = 8;
-        for j0 in (0..rows).step_by(CHUNK) {
-            let j1 = (j0 + CHUNK).min(rows);
-            for (r, o) in features.clone().zip(out.chunks_exact_mut(rows)) {
-                let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-                Q::vec_dot_rows(isa, wr, a, j0..j1, &mut o[j0..j1]);
+        // Cache blocking: weight rows in groups of about 32 KiB (read from memory once,
+        // then from L1/L2 for every chunk of activation rows), activation rows in chunks
+        // of whole tiles of about 16 KiB (in L1 while the group's rows pass over them).
+        let act_row_bytes =
+            a.k() / Q::Act::BLOCK_VALUES * std::mem::size_of::<<Q::Act as ActFormat>::Block>();
+        let chunk = (16384 / act_row_bytes.max(1) / TILE * TILE).clamp(TILE, 16 * TILE);
+        let group = (32768 / row_bytes.max(1)).clamp(1, 256);
+        let w = &w[features.start * row_bytes..features.end * row_bytes];
+        for (wg, og) in w
+            .chunks(group * row_bytes)
+            .zip(out.chunks_mut(group * rows))
+        {
+            for j0 in (0..rows).step_by(chunk) {
+                let j1 = (j0 + chunk).min(rows);
+                for (wr, o) in wg.chunks_exact(row_bytes).zip(og.chunks_exact_mut(rows)) {
+                    Q::vec_dot_rows(isa, wr, a, j0..j1, &mut o[j0..j1]);
+                }
             }
         }
         Ok(())

@@ -23,7 +23,11 @@ use crate::half::le_f16;
 use crate::lanes::{
     fma_splat, hsum_float_4, hsum_float_8, k4_min_lanes, k4_scales_mins, k_lanes, to_f32, Lanes,
 };
-use crate::{GgmlType, Isa, Quant};
+use crate::tiles::each_row;
+#[cfg(target_arch = "x86_64")]
+use crate::tiles::{in_tiles, RowTile};
+use crate::{Activations, GgmlType, Isa, Quant};
+use std::ops::Range;
 
 /// The Q4_K weight type.
 pub struct Q4K;
@@ -71,8 +75,8 @@ impl Quant for Q4K {
     fn vec_dot(isa: Isa, w: &[u8], a: &[Q8KBlock]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
-            return unsafe { avx2::vec_dot(w, a) };
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
         }
         let _ = isa;
         let mut acc: Lanes = [0.0; 8];
@@ -89,64 +93,101 @@ impl Quant for Q4K {
         }
         hsum_float_8(&acc) + hsum_float_4(&acc_m)
     }
+
+    fn vec_dot_rows(
+        isa: Isa,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
+        }
+        each_row::<Self>(isa, w, a, rows, out);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    //! ggml's AVX2 kernel for one weight row against `R` activation rows: each block's
+    //! nibbles and scale vectors are unpacked once; per row the same `acc_m` and `acc`
+    //! FMAs as the one-row kernel.
     use super::{BYTES, QS, SCALES};
     use crate::act::Q8KBlock;
-    use crate::half::le_f16;
     use crate::lanes::k4_scales_mins;
-    use crate::lanes::x86::{hsum_float_4, hsum_float_8, scale_shuffle_k4};
+    use crate::lanes::x86::{f16_at, hsum_float_4, hsum_float_8, scale_shuffle_k4};
+    use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    pub(super) struct Avx2;
+
+    impl RowTile for Avx2 {
+        type Block = Q8KBlock;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            dots(w, a)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
         let m4 = _mm256_set1_epi8(0xf);
-        let mut acc = _mm256_setzero_ps();
-        let mut acc_m = _mm_setzero_ps();
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = ab.d * le_f16(wb, 0);
-            let dmin = -ab.d * le_f16(wb, 2);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_m = [_mm_setzero_ps(); R];
+        for i in 0..blocks(w, BYTES, &a) {
+            let wb = w.as_ptr().add(i * BYTES);
+            let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
 
             // ggml's `utmp`: the eight scales, then the eight mins.
-            let (sc, mn) = k4_scales_mins(&wb[SCALES..SCALES + 12]);
+            let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));
             let mut utmp = [0u8; 16];
             utmp[..8].copy_from_slice(&sc);
             utmp[8..].copy_from_slice(&mn);
             let mins_and_scales =
                 _mm256_cvtepu8_epi16(_mm_loadu_si128(utmp.as_ptr() as *const __m128i));
-
-            let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-            let q8s = _mm_hadd_epi16(
-                _mm256_extracti128_si256::<0>(q8sums),
-                _mm256_extracti128_si256::<1>(q8sums),
-            );
-            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-
+            let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
             let sc128 = _mm256_extracti128_si256::<0>(mins_and_scales);
             let scales = _mm256_set_m128i(sc128, sc128);
 
-            let mut sumi = _mm256_setzero_si256();
+            // Value vector `v` (values `32 v..32 v + 32`) and its scale, for every row.
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut s = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
-                let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
-                let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
-
-                let q4bits = _mm256_loadu_si256(wb.as_ptr().add(QS + 32 * j) as *const __m256i);
-                let q4l = _mm256_and_si256(q4bits, m4);
-                let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
-
-                let q8 = ab.qs.as_ptr().add(64 * j);
-                let q8l = _mm256_loadu_si256(q8 as *const __m256i);
-                let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
-                let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
-                let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+                let q4bits = _mm256_loadu_si256(wb.add(QS + 32 * j) as *const __m256i);
+                q[2 * j] = _mm256_and_si256(q4bits, m4);
+                q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
+                s[2 * j] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+                s[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let d = ab.d * dw;
+                let dmin = -ab.d * minw;
+                let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let q8s = _mm_hadd_epi16(
+                    _mm256_extracti128_si256::<0>(q8sums),
+                    _mm256_extracti128_si256::<1>(q8sums),
+                );
+                let prod = _mm_madd_epi16(mins, q8s);
+                acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+
+                let mut sumi = _mm256_setzero_si256();
+                for v in 0..8 {
+                    let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
+                    let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
+                    sumi = _mm256_add_epi32(sumi, p16);
+                }
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        hsum_float_8(acc) + hsum_float_4(acc_m)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum_float_8(acc[r]) + hsum_float_4(acc_m[r]);
+        }
+        out
     }
 }
 

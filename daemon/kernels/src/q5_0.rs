@@ -11,7 +11,11 @@
 use crate::act::{self, Q8Block};
 use crate::half::le_f16;
 use crate::lanes::{fma_splat, hsum_float_8, q5_values, quad_dots, to_f32, Lanes};
-use crate::{GgmlType, Isa, Quant};
+use crate::tiles::each_row;
+#[cfg(target_arch = "x86_64")]
+use crate::tiles::{in_tiles, RowTile};
+use crate::{Activations, GgmlType, Isa, Quant};
+use std::ops::Range;
 
 /// The Q5_0 weight type.
 pub struct Q5_0;
@@ -40,8 +44,8 @@ impl Quant for Q5_0 {
     fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
-            return unsafe { avx2::vec_dot(w, a) };
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
         }
         let _ = isa;
         let mut acc: Lanes = [0.0; 8];
@@ -51,28 +55,50 @@ impl Quant for Q5_0 {
         }
         hsum_float_8(&acc)
     }
+
+    fn vec_dot_rows(
+        isa: Isa,
+        w: &[u8],
+        a: &Activations<act::Q8_0>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
+        }
+        each_row::<Self>(isa, w, a, rows, out);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    //! The AVX2 kernel: [`signed_dots`] with this type's block unpacking, for one row
+    //! (`vec_dot`) or a tile of rows.
     use super::BYTES;
     use crate::act::Q8Block;
-    use crate::half::le_f16;
-    use crate::lanes::x86::{bytes_from_q5_32, hsum_float_8, mul_sum_i8_pairs_float};
+    use crate::lanes::x86::bytes_from_q5_32;
+    use crate::tiles::x86::{signed_dots, LegacyBlock};
+    use crate::tiles::RowTile;
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8Block]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let off = _mm256_set1_epi8(16);
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = _mm256_set1_ps(le_f16(wb, 0) * ab.d);
-            let p = wb.as_ptr();
-            let qx = _mm256_sub_epi8(bytes_from_q5_32(p.add(6), p.add(2)), off);
-            let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc);
+    pub(super) struct Avx2;
+
+    impl LegacyBlock for Avx2 {
+        const BYTES: usize = BYTES;
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn values(p: *const u8) -> __m256i {
+            _mm256_sub_epi8(bytes_from_q5_32(p.add(6), p.add(2)), _mm256_set1_epi8(16))
         }
-        hsum_float_8(acc)
+    }
+
+    impl RowTile for Avx2 {
+        type Block = Q8Block;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8Block]; R]) -> [f32; R] {
+            signed_dots::<Self, R>(w, a)
+        }
     }
 }
 

@@ -20,7 +20,11 @@
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
 use crate::lanes::{fma_splat, hsum_float_8, k4_min_lanes, k4_scales_mins, k_lanes, to_f32, Lanes};
-use crate::{GgmlType, Isa, Quant};
+use crate::tiles::each_row;
+#[cfg(target_arch = "x86_64")]
+use crate::tiles::{in_tiles, RowTile};
+use crate::{Activations, GgmlType, Isa, Quant};
+use std::ops::Range;
 
 /// The Q5_K weight type.
 pub struct Q5K;
@@ -70,8 +74,8 @@ impl Quant for Q5K {
     fn vec_dot(isa: Isa, w: &[u8], a: &[Q8KBlock]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
-            return unsafe { avx2::vec_dot(w, a) };
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
         }
         let _ = isa;
         let mut acc: Lanes = [0.0; 8];
@@ -87,80 +91,116 @@ impl Quant for Q5K {
         }
         hsum_float_8(&acc) + summs
     }
+
+    fn vec_dot_rows(
+        isa: Isa,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
+        }
+        each_row::<Self>(isa, w, a, rows, out);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    //! ggml's AVX2 kernel for one weight row against `R` activation rows: each block's
+    //! 5-bit values and scale vectors are unpacked once; per row the same `summs` and
+    //! `acc` FMAs as the one-row kernel.
     use super::{BYTES, QH, QS, SCALES};
     use crate::act::Q8KBlock;
-    use crate::half::le_f16;
     use crate::lanes::k4_scales_mins;
-    use crate::lanes::x86::{hsum_float_8, scale_shuffle_k4};
+    use crate::lanes::x86::{f16_at, hsum_float_8, scale_shuffle_k4};
+    use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    pub(super) struct Avx2;
+
+    impl RowTile for Avx2 {
+        type Block = Q8KBlock;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            dots(w, a)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
         let m4 = _mm256_set1_epi8(0xf);
         let mzero = _mm_setzero_si128();
         let mone = _mm256_set1_epi8(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = ab.d * le_f16(wb, 0);
-            let dmin = -ab.d * le_f16(wb, 2);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut summs = [0f32; R];
+        for i in 0..blocks(w, BYTES, &a) {
+            let wb = w.as_ptr().add(i * BYTES);
+            let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
 
             // ggml's `utmp`: the eight scales, then the eight mins.
-            let (sc, mn) = k4_scales_mins(&wb[SCALES..SCALES + 12]);
+            let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));
             let mut utmp = [0u8; 16];
             utmp[..8].copy_from_slice(&sc);
             utmp[8..].copy_from_slice(&mn);
             let mins_and_scales =
                 _mm256_cvtepu8_epi16(_mm_loadu_si128(utmp.as_ptr() as *const __m128i));
-
-            let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-            let q8s = _mm_hadd_epi16(
-                _mm256_extracti128_si256::<0>(q8sums),
-                _mm256_extracti128_si256::<1>(q8sums),
-            );
-            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-            let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
-            // `summs += dmin * _mm_extract_epi32(hsum, 0)`, contracted by GCC.
-            summs = dmin.mul_add(_mm_extract_epi32::<0>(hsum) as f32, summs);
-
+            let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
             let sc128 = _mm256_extracti128_si256::<0>(mins_and_scales);
             let scales = _mm256_set_m128i(sc128, sc128);
 
-            let hbits = _mm256_loadu_si256(wb.as_ptr().add(QH) as *const __m256i);
-            let mut sumi = _mm256_setzero_si256();
+            // Value vector `v = 2 j + h` (values `32 v..32 v + 32`, `0..32`) and its
+            // scale, for every row.
+            let hbits = _mm256_loadu_si256(wb.add(QH) as *const __m256i);
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut s = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
-                let scale_0 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
-                let scale_1 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
-
-                let q5bits = _mm256_loadu_si256(wb.as_ptr().add(QS + 32 * j) as *const __m256i);
+                let q5bits = _mm256_loadu_si256(wb.add(QS + 32 * j) as *const __m256i);
                 let bit0 = _mm_cvtsi32_si128(2 * j as i32);
                 let bit1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
                 let hmask0 = _mm256_sll_epi16(mone, bit0);
                 let hmask1 = _mm256_sll_epi16(mone, bit1);
-
-                let q5l_0 = _mm256_and_si256(q5bits, m4);
                 let q5h_0 =
                     _mm256_slli_epi16::<4>(_mm256_srl_epi16(_mm256_and_si256(hbits, hmask0), bit0));
-                let q5_0 = _mm256_add_epi8(q5l_0, q5h_0);
-                let q5l_1 = _mm256_and_si256(_mm256_srli_epi16::<4>(q5bits), m4);
                 let q5h_1 =
                     _mm256_slli_epi16::<4>(_mm256_srl_epi16(_mm256_and_si256(hbits, hmask1), bit1));
-                let q5_1 = _mm256_add_epi8(q5l_1, q5h_1);
-
-                let q8 = ab.qs.as_ptr().add(64 * j);
-                let q8_0 = _mm256_loadu_si256(q8 as *const __m256i);
-                let q8_1 = _mm256_loadu_si256(q8.add(32) as *const __m256i);
-                let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, q8_0));
-                let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, q8_1));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+                q[2 * j] = _mm256_add_epi8(_mm256_and_si256(q5bits, m4), q5h_0);
+                q[2 * j + 1] =
+                    _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q5bits), m4), q5h_1);
+                s[2 * j] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+                s[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let d = ab.d * dw;
+                let dmin = -ab.d * minw;
+                let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let q8s = _mm_hadd_epi16(
+                    _mm256_extracti128_si256::<0>(q8sums),
+                    _mm256_extracti128_si256::<1>(q8sums),
+                );
+                let prod = _mm_madd_epi16(mins, q8s);
+                let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+                // `summs += dmin * _mm_extract_epi32(hsum, 0)`, contracted by GCC.
+                summs[r] = dmin.mul_add(_mm_extract_epi32::<0>(hsum) as f32, summs[r]);
+
+                let mut sumi = _mm256_setzero_si256();
+                for v in 0..8 {
+                    let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
+                    let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
+                    sumi = _mm256_add_epi32(sumi, p16);
+                }
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        hsum_float_8(acc) + summs
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum_float_8(acc[r]) + summs[r];
+        }
+        out
     }
 }
 

@@ -17,7 +17,11 @@
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
 use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
-use crate::{GgmlType, Isa, Quant};
+use crate::tiles::each_row;
+#[cfg(target_arch = "x86_64")]
+use crate::tiles::{in_tiles, RowTile};
+use crate::{Activations, GgmlType, Isa, Quant};
+use std::ops::Range;
 
 /// The Q6_K weight type.
 pub struct Q6K;
@@ -71,8 +75,8 @@ impl Quant for Q6K {
     fn vec_dot(isa: Isa, w: &[u8], a: &[Q8KBlock]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2 and FMA were detected.
-            return unsafe { avx2::vec_dot(w, a) };
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
         }
         let _ = isa;
         let mut acc: Lanes = [0.0; 8];
@@ -90,35 +94,63 @@ impl Quant for Q6K {
         }
         hsum_float_8(&acc)
     }
+
+    fn vec_dot_rows(
+        isa: Isa,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
+        }
+        each_row::<Self>(isa, w, a, rows, out);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    //! ggml's AVX2 kernel for one weight row against `R` activation rows: each block's
+    //! 6-bit values and scale vectors are unpacked once; per row the same integer lanes
+    //! and `acc` FMA as the one-row kernel.
     use super::{BYTES, D, QH, SCALES};
     use crate::act::Q8KBlock;
-    use crate::half::le_f16;
-    use crate::lanes::x86::{hsum_float_8, scale_shuffle};
+    use crate::lanes::x86::{f16_at, hsum_float_8, scale_shuffle};
+    use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn vec_dot(w: &[u8], a: &[Q8KBlock]) -> f32 {
+    pub(super) struct Avx2;
+
+    impl RowTile for Avx2 {
+        type Block = Q8KBlock;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            dots(w, a)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
-        let mut acc = _mm256_setzero_ps();
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = ab.d * le_f16(wb, D);
-
-            let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-            let scales = _mm_loadu_si128(wb.as_ptr().add(SCALES) as *const __m128i);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for i in 0..blocks(w, BYTES, &a) {
+            let wb = w.as_ptr().add(i * BYTES);
+            let dw = f16_at(wb.add(D));
+            let scales = _mm_loadu_si128(wb.add(SCALES) as *const __m128i);
             let scales_16 = _mm256_cvtepi8_epi16(scales);
-            let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
 
-            let mut sumi = _mm256_setzero_si256();
+            // Value vector `v = 4 j + k` (values `32 v..32 v + 32`, unsigned `0..64`) and
+            // its two group scales, for every row.
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut s = [_mm256_setzero_si256(); 8];
             for j in 0..2 {
-                let q4 = wb.as_ptr().add(64 * j);
+                let q4 = wb.add(64 * j);
                 let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
                 let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-                let q4bits_h = _mm256_loadu_si256(wb.as_ptr().add(QH + 32 * j) as *const __m256i);
+                let q4bits_h = _mm256_loadu_si256(wb.add(QH + 32 * j) as *const __m256i);
 
                 let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
                 let q4h_1 =
@@ -127,34 +159,43 @@ mod avx2 {
                 let q4h_3 =
                     _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
 
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
-                    _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
-                        q4h_2,
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
-                        q4h_3,
-                    ),
-                ];
-
-                let q8 = ab.qs.as_ptr().add(128 * j);
-                let mut p = [_mm256_setzero_si256(); 4];
-                for (k, pk) in p.iter_mut().enumerate() {
-                    let q8k = _mm256_loadu_si256(q8.add(32 * k) as *const __m256i);
-                    let p16 = _mm256_maddubs_epi16(q[k], q8k);
+                q[4 * j] = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+                q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+                q[4 * j + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
+                    q4h_2,
+                );
+                q[4 * j + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
+                    q4h_3,
+                );
+                for k in 0..4 {
                     let scale = _mm_shuffle_epi8(scales, scale_shuffle(4 * j + k));
-                    *pk = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scale), p16);
+                    s[4 * j + k] = _mm256_cvtepi8_epi16(scale);
                 }
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
             }
-            sumi = _mm256_sub_epi32(sumi, q8sclsub);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let d = ab.d * dw;
+                let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+                // ggml's lane sums (exact, so their grouping is free).
+                let mut sumi = _mm256_setzero_si256();
+                for v in 0..8 {
+                    let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
+                    let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
+                    sumi = _mm256_add_epi32(sumi, p16);
+                }
+                sumi = _mm256_sub_epi32(sumi, q8sclsub);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
-        hsum_float_8(acc)
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum_float_8(acc[r]);
+        }
+        out
     }
 }
 

@@ -8,7 +8,9 @@
 //!    the same (quantized) activations — within `1e-5 · Σ |deq(w) · deq(a)|` (only the
 //!    f32 summation order differs; 1e-3 for Q8_1 activations, whose `s` is an f16);
 //! 4. against the unquantized f32 activations the error stays within the activation
-//!    format's rounding (`tol_f32 · Σ |deq(w) · x|`).
+//!    format's rounding (`tol_f32 · Σ |deq(w) · x|`);
+//! 5. [`check_rows`]: the multi-row kernels (`vec_dot_rows`) equal one `vec_dot` per row
+//!    bit for bit, for every tile size and remainder.
 
 use crate::act::{ActFormat, Activations};
 use crate::matrix::Wrap;
@@ -72,6 +74,7 @@ where
     // differs, except that Q8_1 stores `s = d · Σ q` rounded to f16 (ggml's
     // `block_q8_1`), which the `m · s` term of Q4_1/Q5_1 carries (relative 2^-11).
     let tol_deq = if Q::Act::NAME == "q8_1" { 1e-3 } else { 1e-5 };
+    check_rows::<Q>(dtype);
     for (si, (n, k)) in shapes(Q::BLOCK_VALUES).into_iter().enumerate() {
         let w = random(n * k, 100 + si as u64);
         let (bytes, deq) = quantize(&w, n, k, dtype);
@@ -142,6 +145,40 @@ where
                         "{}: output ({j}, {r}) of ({n}, {k}): {got} vs f32 dot {full} (Σ|·| {magf})",
                         Q::TYPE.name()
                     );
+                }
+            }
+        }
+    }
+}
+
+/// `vec_dot_rows` over every range of up to 9 activation rows (starting at 0 and at 2,
+/// so tiles of every size and every remainder) equals `vec_dot` per row, bit for bit,
+/// for every instruction set and the shapes of [`check_type`].
+pub fn check_rows<Q: Quant>(dtype: GgmlDType) {
+    for (si, (n, k)) in shapes(Q::BLOCK_VALUES).into_iter().enumerate() {
+        let n = n.min(5);
+        let (bytes, _) = quantize(&random(n * k, 300 + si as u64), n, k, dtype);
+        let x = random(11 * k, 400 + si as u64);
+        let act = Activations::<Q::Act>::quantize(&x, 11, k).expect("activations");
+        let row_bytes = bytes.len() / n;
+        for isa in Isa::available() {
+            for (r, w) in bytes.chunks_exact(row_bytes).enumerate() {
+                let one: Vec<f32> = (0..11).map(|j| Q::vec_dot(isa, w, act.row(j))).collect();
+                for start in [0, 2] {
+                    for len in 1..=9 {
+                        let mut out = vec![f32::NAN; len];
+                        Q::vec_dot_rows(isa, w, &act, start..start + len, &mut out);
+                        for (i, (a, b)) in out.iter().zip(&one[start..]).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{} {}: rows {start}..{}, row {i}, weight row {r} of ({n}, {k}): {a} vs vec_dot {b}",
+                                Q::TYPE.name(),
+                                isa.name(),
+                                start + len
+                            );
+                        }
+                    }
                 }
             }
         }
