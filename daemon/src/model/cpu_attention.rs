@@ -14,7 +14,7 @@ use super::transformer::AttnShape;
 const PAR_MIN_PAIRS: usize = 256;
 
 /// Query rows per attention work item.
-const ROW_CHUNK: usize = 16;
+const ROW_CHUNK: usize = 64;
 
 /// Causal grouped-query attention of one layer over the paged host pool.
 ///

@@ -34,7 +34,7 @@ pub(super) fn attend_head_tiled(
     shape: AttnShape,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("fma") {
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: FMA was detected; the function only changes how `mul_add` compiles.
         return unsafe { tiled_fma(kc, vc, offs, seq, h, rows, q, shape) };
     }
@@ -42,7 +42,7 @@ pub(super) fn attend_head_tiled(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
+#[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tiled_fma(
     kc: &[f16],
@@ -72,39 +72,71 @@ fn tiled(
     let hd = shape.head_dim;
     let row_width = shape.n_head * hd;
     let first = rows.start;
-    let mut out = vec![0f32; rows.len() * hd];
+    let n_rows = rows.len();
+    let mut out = vec![0f32; n_rows * hd];
+    // Per row: running maximum and sum.
+    let mut m = vec![f32::NEG_INFINITY; n_rows];
+    let mut sum = vec![0f32; n_rows];
+    // One key tile in f32: K transposed (`[d][key]`, keys contiguous as in ggml's
+    // `K_f32`), V as `[key][d]`.
+    let mut kt = vec![0f32; hd * TILE];
+    let mut vt = vec![0f32; TILE * hd];
     let mut s = [0f32; TILE];
-    let mut kf = vec![0f32; hd];
-    for r in rows {
-        let n_keys = seq.start_pos + r + 1;
-        let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
-        let qr = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
-        let acc = &mut out[(r - first) * hd..(r - first + 1) * hd];
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-        for t0 in (lo / TILE * TILE..n_keys).step_by(TILE) {
+    let max_keys = seq.start_pos + rows.end;
+    // Keys any row of this range can see.
+    let lo_all = shape
+        .window
+        .map_or(0, |w| (seq.start_pos + first + 1).saturating_sub(w));
+    for t0 in (lo_all / TILE * TILE..max_keys).step_by(TILE) {
+        let kv = TILE.min(max_keys - t0);
+        for tk in 0..kv {
+            let j = t0 + tk;
+            for (d, x) in kc[offs[j]..offs[j] + hd].iter().enumerate() {
+                kt[d * TILE + tk] = x.to_f32();
+            }
+            for (dst, x) in vt[tk * hd..(tk + 1) * hd]
+                .iter_mut()
+                .zip(&vc[offs[j]..offs[j] + hd])
+            {
+                *dst = x.to_f32();
+            }
+        }
+        for r in rows.clone() {
+            let n_keys = seq.start_pos + r + 1;
+            let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
+            if t0 >= n_keys || t0 + TILE <= lo {
+                continue; // every key of the tile masked: ggml skips it
+            }
+            let qr = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
+            // `simd_gemm`: each score a sequential fma chain over d.
+            s.fill(0.0);
+            for (d, &x) in qr.iter().enumerate() {
+                let krow = &kt[d * TILE..(d + 1) * TILE];
+                for (sv, &k) in s.iter_mut().zip(krow) {
+                    *sv = k.mul_add(x, *sv);
+                }
+            }
             for (tk, sv) in s.iter_mut().enumerate() {
                 let j = t0 + tk;
                 *sv = if j < lo || j >= n_keys {
                     f32::NEG_INFINITY
                 } else {
-                    for (f, k) in kf.iter_mut().zip(&kc[offs[j]..offs[j] + hd]) {
-                        *f = k.to_f32();
-                    }
-                    let dot = kf.iter().zip(qr).fold(0f32, |a, (&k, &x)| k.mul_add(x, a));
-                    dot * shape.scale
+                    *sv * shape.scale
                 };
             }
             let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             if tile_max == f32::NEG_INFINITY {
                 continue;
             }
-            let m_new = m.max(tile_max);
-            if m_new > m {
-                let ms = (m - m_new).exp();
+            let i = r - first;
+            let acc = &mut out[i * hd..(i + 1) * hd];
+            let m_new = m[i].max(tile_max);
+            if m_new > m[i] {
+                let ms = (m[i] - m_new).exp();
                 acc.iter_mut().for_each(|a| *a *= ms);
-                sum *= ms;
+                sum[i] *= ms;
             }
-            m = m_new;
+            m[i] = m_new;
             let mut tile_sum = 0f64;
             for chunk in s.chunks_exact_mut(16) {
                 let mut lanes = [0f32; 16];
@@ -114,19 +146,19 @@ fn tiled(
                 }
                 tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
             }
-            sum = (f64::from(sum) + tile_sum) as f32;
-            for (tk, &p) in s.iter().enumerate() {
-                let j = t0 + tk;
-                if j < lo || j >= n_keys {
-                    // p = 0: fma(v, 0, a) leaves a unchanged.
-                    continue;
+            sum[i] = (f64::from(sum[i]) + tile_sum) as f32;
+            for (tk, &p) in s.iter().enumerate().take(kv) {
+                if p == 0.0 {
+                    continue; // fma(v, 0, a) leaves a unchanged
                 }
-                for (a, v) in acc.iter_mut().zip(&vc[offs[j]..offs[j] + hd]) {
-                    *a = v.to_f32().mul_add(p, *a);
+                for (a, &v) in acc.iter_mut().zip(&vt[tk * hd..(tk + 1) * hd]) {
+                    *a = v.mul_add(p, *a);
                 }
             }
         }
-        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    }
+    for (i, acc) in out.chunks_exact_mut(hd).enumerate() {
+        let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
         acc.iter_mut().for_each(|a| *a *= inv);
     }
     out

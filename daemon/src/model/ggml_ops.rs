@@ -26,7 +26,9 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 
 /// ggml's vectorized `expf` (`ggml_v_expf`, the AVX-512 variant in `vec.h`, after ARM's
 /// optimized routines; at most 1.5 ulp from the true value), one lane: range reduction
-/// `n = round(x / ln 2)`, a degree-5 polynomial in FMAs, `scalef(j, n)`.
+/// `n = round(x / ln 2)`, a degree-5 polynomial in FMAs, `scalef(j, n)`. Written without
+/// branches on the value so that loops over it vectorize.
+#[inline(always)]
 pub fn v_expf(x: f32) -> f32 {
     let c = f32::from_bits;
     let r = c(0x4b40_0000); // 0x1.8p23
@@ -38,11 +40,22 @@ pub fn v_expf(x: f32) -> f32 {
         .mul_add(b, c(0x3d2b_9f17))
         .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
     let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    // `_mm512_scalef_ps(j, n)`: j · 2^n rounded once. In two steps: j ∈ [0.7, 1.42], so
+    // j · 2^a with a ∈ [−125, 127] is exact (normal), then · 2^(n − a) rounds once.
+    let ni = n.clamp(-192.0, 192.0) as i32;
+    let a = ni.clamp(-125, 127);
+    let pow = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let res = j * pow(a) * pow((ni - a).clamp(-126, 127));
+    let big = n.abs() > 192.0;
+    if big {
+        if n <= 0.0 {
+            0.0
+        } else {
+            f32::INFINITY
+        }
+    } else {
+        res
     }
-    // `_mm512_scalef_ps(j, n)`: j · 2^n rounded once (exact in f64, then to f32).
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
 }
 
 /// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
@@ -149,6 +162,12 @@ mod tests {
         assert_eq!(v_expf(-200.0), 0.0);
         assert_eq!(v_expf(200.0), f32::INFINITY);
         assert_eq!(v_expf(0.0), 1.0);
+        // Subnormal results (below e^−87.3) stay within an ulp of the true value.
+        for x in [-87.5f32, -90.0, -95.3, -100.0, -103.0] {
+            let (r, e) = (v_expf(x), f64::from(x).exp());
+            assert!(r < f32::MIN_POSITIVE, "{x}: {r}");
+            assert!((f64::from(r) - e).abs() <= 1.5e-45, "{x}: {r} vs {e}");
+        }
     }
 
     #[test]
