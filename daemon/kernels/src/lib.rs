@@ -36,6 +36,7 @@ pub mod act;
 pub mod half;
 pub mod isa;
 pub mod lanes;
+mod legacy;
 mod matrix;
 pub mod tiles;
 pub mod types;

@@ -8,14 +8,9 @@
 //! `q − 16` with the activation quants (`mul_sum_i8_pairs_float`), `acc = fma(d, v,
 //! acc)`; the result is `hsum_float_8(acc)`.
 
-use crate::act::{self, Q8Block};
 use crate::half::le_f16;
-use crate::lanes::{fma_splat, hsum_float_8, q5_values, quad_dots, to_f32, Lanes};
-use crate::tiles::each_row;
-#[cfg(target_arch = "x86_64")]
-use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Quant};
-use std::ops::Range;
+use crate::lanes::q5_values;
+use crate::GgmlType;
 
 /// The Q5_0 weight type.
 pub struct Q5_0;
@@ -28,49 +23,15 @@ fn unpack(b: &[u8]) -> [i8; 32] {
     q5_values(&b[2..6], &b[6..BYTES]).map(|q| q as i8 - 16)
 }
 
-impl Quant for Q5_0 {
-    const TYPE: GgmlType = GgmlType::Q5_0;
-    const BLOCK_VALUES: usize = 32;
-    const BLOCK_BYTES: usize = BYTES;
-    type Act = act::Q8_0;
-
-    fn dequantize_block(b: &[u8], out: &mut [f32]) {
-        let d = le_f16(b, 0);
-        for (o, q) in out.iter_mut().zip(unpack(b)) {
-            *o = f32::from(q) * d;
-        }
-    }
-
-    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
-        }
-        let _ = isa;
-        let mut acc: Lanes = [0.0; 8];
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = le_f16(wb, 0) * ab.d;
-            fma_splat(&mut acc, d, &to_f32(&quad_dots(&unpack(wb), &ab.qs)));
-        }
-        hsum_float_8(&acc)
-    }
-
-    fn vec_dot_rows(
-        isa: Isa,
-        w: &[u8],
-        a: &Activations<act::Q8_0>,
-        rows: Range<usize>,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
-        }
-        each_row::<Self>(isa, w, a, rows, out);
-    }
-}
+crate::legacy::legacy_quant!(
+    Q5_0,
+    GgmlType::Q5_0,
+    BYTES,
+    Q8_0,
+    unpack,
+    crate::legacy::signed_dot,
+    |b, q| f32::from(q) * le_f16(b, 0)
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

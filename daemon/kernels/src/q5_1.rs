@@ -11,66 +11,30 @@
 //! (`mul_sum_us8_pairs_float`; VNNI's `vpdpbusd` gives the same integers), `acc = fma(v,
 //! f16→f32(d_w) · d_a, acc)`; the result is `hsum_float_8(acc) + summs`.
 
-use crate::act::{self, Q8Block};
 use crate::half::le_f16;
-use crate::lanes::{as_i8, fma_splat, hsum_float_8, q5_values, quad_dots, to_f32, Lanes};
-use crate::tiles::each_row;
-#[cfg(target_arch = "x86_64")]
-use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Quant};
-use std::ops::Range;
+use crate::lanes::{as_i8, q5_values};
+use crate::GgmlType;
 
 /// The Q5_1 weight type.
 pub struct Q5_1;
 
 const BYTES: usize = 24;
 
-impl Quant for Q5_1 {
-    const TYPE: GgmlType = GgmlType::Q5_1;
-    const BLOCK_VALUES: usize = 32;
-    const BLOCK_BYTES: usize = BYTES;
-    type Act = act::Q8_1;
-
-    fn dequantize_block(b: &[u8], out: &mut [f32]) {
-        let (d, m) = (le_f16(b, 0), le_f16(b, 2));
-        for (o, q) in out.iter_mut().zip(q5_values(&b[4..8], &b[8..BYTES])) {
-            *o = f32::from(q) * d + m;
-        }
-    }
-
-    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
-        }
-        let _ = isa;
-        let mut acc: Lanes = [0.0; 8];
-        let mut summs = 0f32;
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            summs = le_f16(wb, 2).mul_add(ab.s, summs);
-            let d = le_f16(wb, 0) * ab.d;
-            let q = as_i8(q5_values(&wb[4..8], &wb[8..]));
-            fma_splat(&mut acc, d, &to_f32(&quad_dots(&q, &ab.qs)));
-        }
-        hsum_float_8(&acc) + summs
-    }
-
-    fn vec_dot_rows(
-        isa: Isa,
-        w: &[u8],
-        a: &Activations<act::Q8_1>,
-        rows: Range<usize>,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
-        }
-        each_row::<Self>(isa, w, a, rows, out);
-    }
+/// The 32 unsigned values `q` of a block (as `i8`, all below 32), in value order.
+#[inline(always)]
+fn unpack(b: &[u8]) -> [i8; 32] {
+    as_i8(q5_values(&b[4..8], &b[8..BYTES]))
 }
+
+crate::legacy::legacy_quant!(
+    Q5_1,
+    GgmlType::Q5_1,
+    BYTES,
+    Q8_1,
+    unpack,
+    crate::legacy::min_dot,
+    |b, q| f32::from(q) * le_f16(b, 0) + le_f16(b, 2)
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

@@ -5,67 +5,29 @@
 //! per block, `d = f16→f32(d_w) · d_a` (one f32 product), eight lanes of exact 4-product
 //! integer sums `v`, `acc = fma(d, v, acc)`; the result is `hsum_float_8(acc)`.
 
-use crate::act::{self, Q8Block};
 use crate::half::le_f16;
-use crate::lanes::{fma_splat, hsum_float_8, quad_dots, to_f32, Lanes};
-use crate::tiles::each_row;
-#[cfg(target_arch = "x86_64")]
-use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Quant};
-use std::ops::Range;
+use crate::GgmlType;
 
 /// The Q8_0 weight type.
 pub struct Q8_0;
 
 const BYTES: usize = 34;
 
-impl Quant for Q8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const BLOCK_VALUES: usize = 32;
-    const BLOCK_BYTES: usize = BYTES;
-    type Act = act::Q8_0;
-
-    fn dequantize_block(b: &[u8], out: &mut [f32]) {
-        let d = le_f16(b, 0);
-        for (o, &q) in out.iter_mut().zip(&b[2..BYTES]) {
-            *o = f32::from(q as i8) * d;
-        }
-    }
-
-    fn vec_dot(isa: Isa, w: &[u8], a: &[Q8Block]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { avx2::Avx2::dots::<1>(w, [a])[0] };
-        }
-        let _ = isa;
-        let mut acc: Lanes = [0.0; 8];
-        for (wb, ab) in w.chunks_exact(BYTES).zip(a) {
-            let d = le_f16(wb, 0) * ab.d;
-            let mut q = [0i8; 32];
-            for (q, &b) in q.iter_mut().zip(&wb[2..]) {
-                *q = b as i8;
-            }
-            fma_splat(&mut acc, d, &to_f32(&quad_dots(&q, &ab.qs)));
-        }
-        hsum_float_8(&acc)
-    }
-
-    fn vec_dot_rows(
-        isa: Isa,
-        w: &[u8],
-        a: &Activations<act::Q8_0>,
-        rows: Range<usize>,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
-        }
-        each_row::<Self>(isa, w, a, rows, out);
-    }
+/// The 32 quants of a block.
+#[inline(always)]
+fn unpack(b: &[u8]) -> [i8; 32] {
+    std::array::from_fn(|i| b[2 + i] as i8)
 }
+
+crate::legacy::legacy_quant!(
+    Q8_0,
+    GgmlType::Q8_0,
+    BYTES,
+    Q8_0,
+    unpack,
+    crate::legacy::signed_dot,
+    |b, q| f32::from(q) * le_f16(b, 0)
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

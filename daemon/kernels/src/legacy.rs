@@ -1,0 +1,82 @@
+//! What the five 32-value types share: an f16 scale `d` at byte 0 (and, for Q4_1/Q5_1,
+//! an f16 minimum `m` at byte 2), 32 values unpacked per block, ggml's eight-lane
+//! `acc = fma(d_w · d_a, Σ₄ q·y, acc)` (plus `summs = fma(m, s_a, summs)` for the types
+//! with a minimum), `hsum_float_8`; and the `Quant` impl around them ([`legacy_quant!`]),
+//! so each type module holds only its block layout, its unpacking and its AVX2 tile.
+
+use crate::act::Q8Block;
+use crate::half::le_f16;
+use crate::lanes::{fma_splat, hsum_float_8, quad_dots, to_f32, Lanes};
+
+/// The portable dot product of a type with signed values `d · q` (Q4_0, Q5_0, Q8_0).
+#[inline(always)]
+pub fn signed_dot(w: &[u8], a: &[Q8Block], bytes: usize, unpack: fn(&[u8]) -> [i8; 32]) -> f32 {
+    let mut acc: Lanes = [0.0; 8];
+    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
+        let d = le_f16(wb, 0) * ab.d;
+        fma_splat(&mut acc, d, &to_f32(&quad_dots(&unpack(wb), &ab.qs)));
+    }
+    hsum_float_8(&acc)
+}
+
+/// The portable dot product of a type with values `d · q + m` (Q4_1, Q5_1; Q8_1
+/// activations): `hsum_float_8(acc) + Σ fma(m, s_a)`.
+#[inline(always)]
+pub fn min_dot(w: &[u8], a: &[Q8Block], bytes: usize, unpack: fn(&[u8]) -> [i8; 32]) -> f32 {
+    let mut acc: Lanes = [0.0; 8];
+    let mut summs = 0f32;
+    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
+        let d = le_f16(wb, 0) * ab.d;
+        summs = le_f16(wb, 2).mul_add(ab.s, summs);
+        fma_splat(&mut acc, d, &to_f32(&quad_dots(&unpack(wb), &ab.qs)));
+    }
+    hsum_float_8(&acc) + summs
+}
+
+/// The `Quant` impl of a 32-value type: `$t` with ggml type `$ggml`, `$bytes` per block,
+/// activations `$act` (`Q8_0` for the signed family, `Q8_1` with a minimum), `$unpack`
+/// giving the block's 32 values as `i8` (`q − offset` signed, or unsigned `q`), `$deq`
+/// the dequantization of one value, and the module's `avx2::Avx2` tile.
+macro_rules! legacy_quant {
+    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr) => {
+        impl $crate::Quant for $t {
+            const TYPE: $crate::GgmlType = $ggml;
+            const BLOCK_VALUES: usize = 32;
+            const BLOCK_BYTES: usize = $bytes;
+            type Act = $crate::act::$act;
+
+            fn dequantize_block(b: &[u8], out: &mut [f32]) {
+                let deq: fn(&[u8], i8) -> f32 = $deq;
+                for (o, q) in out.iter_mut().zip($unpack(b)) {
+                    *o = deq(b, q);
+                }
+            }
+
+            fn vec_dot(isa: $crate::Isa, w: &[u8], a: &[$crate::act::Q8Block]) -> f32 {
+                #[cfg(target_arch = "x86_64")]
+                if isa.has_avx2() {
+                    // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+                    return unsafe { <avx2::Avx2 as $crate::tiles::RowTile>::dots::<1>(w, [a])[0] };
+                }
+                let _ = isa;
+                $dot(w, a, $bytes, $unpack)
+            }
+
+            fn vec_dot_rows(
+                isa: $crate::Isa,
+                w: &[u8],
+                a: &$crate::Activations<$crate::act::$act>,
+                rows: std::ops::Range<usize>,
+                out: &mut [f32],
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                if isa.has_avx2() {
+                    // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+                    return unsafe { $crate::tiles::in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
+                }
+                $crate::tiles::each_row::<Self>(isa, w, a, rows, out);
+            }
+        }
+    };
+}
+pub(crate) use legacy_quant;
