@@ -35,12 +35,18 @@
 #   INFERD_QUANT_PORT     llama-server port for `refs` (default: a free port picked at start).
 #   INFERD_QUANT_SRC      the source model (default models/SmolLM2-135M-Instruct.Q4_1.gguf,
 #                         fetched by scripts/fetch-model.sh when missing).
+#   INFERD_QUANT_REFS     where `refs` writes the JSON (default daemon/tests/fixtures/quant-parity;
+#                         the parity tests read another folder from INFERD_PARITY_REFS).
+#   INFERD_QUANT_SERVER_ARGS  extra llama-server arguments for `refs`, for experiments only (e.g.
+#                         `--no-repack`; with GGML_CPU_TILED_MM=0 in the environment this gives
+#                         llama.cpp's plain vec_dot path for every matrix).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 helper="$root/scripts/quant-parity.py"
 fixtures="$root/daemon/tests/fixtures/quant-parity"
 manifest="$fixtures/manifest.json"
+refs="${INFERD_QUANT_REFS:-$fixtures}"
 qdir="${INFERD_QUANT_DIR:-$HOME/.cache/inferd/quant-files}"
 lldir="${INFERD_LLAMACPP_DIR:-$HOME/.cache/inferd/llamacpp-0.3.36}"
 src="${INFERD_QUANT_SRC:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -95,7 +101,7 @@ cleanup() {
 ref_one() {
     local label="$1" file="$2" family="$3" source="$4" port
     port="${INFERD_QUANT_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
-    local cmd=("$bin/llama-server" -m "$file" --host 127.0.0.1 --port "$port" -t 2 -np 1 -c 4096 --no-webui)
+    local cmd=("$bin/llama-server" -m "$file" --host 127.0.0.1 --port "$port" -t 2 -np 1 -c 4096 --no-webui ${INFERD_QUANT_SERVER_ARGS:-})
     echo "quant-parity: $label: starting llama-server on port $port" >&2
     "${cmd[@]}" >"$server_log" 2>&1 &
     server_pid=$!
@@ -104,9 +110,9 @@ ref_one() {
         exit 1
     fi
     python3 "$helper" refs-one --url "http://127.0.0.1:$port" --model "$file" --label "$label" \
-        --family "$family" --out "$fixtures/$label.json" --bin "$bin" \
+        --family "$family" --out "$refs/$label.json" --bin "$bin" \
         --build-info "$lldir/build-info.txt" --model-source "$source" \
-        --server-cmd "llama-server -m $(basename "$file") --host 127.0.0.1 --port PORT -t 2 -np 1 -c 4096 --no-webui"
+        --server-cmd "llama-server -m $(basename "$file") --host 127.0.0.1 --port PORT -t 2 -np 1 -c 4096 --no-webui${INFERD_QUANT_SERVER_ARGS:+ $INFERD_QUANT_SERVER_ARGS}"
     stop_server
 }
 
@@ -115,6 +121,7 @@ do_refs() {
     [ ${#labels[@]} -gt 0 ] || labels=("${types[@]}" Q4_1 gemma3-Q4_K_M)
     do_files
     bin="$("$root/scripts/llamacpp.sh" bin)"
+    mkdir -p "$refs"
     server_log="$(mktemp)"
     trap cleanup EXIT
     trap 'cleanup; exit 130' INT TERM
@@ -134,7 +141,7 @@ do_refs() {
     # every SmolLM2 reference present must agree on the prompt ids (one tokenizer, many weights)
     local smol=()
     for label in "${types[@]}" Q4_1; do
-        if [ -f "$fixtures/$label.json" ]; then smol+=("$fixtures/$label.json"); fi
+        if [ -f "$refs/$label.json" ]; then smol+=("$refs/$label.json"); fi
     done
     if [ ${#smol[@]} -gt 1 ]; then python3 "$helper" check-prompts "${smol[@]}"; fi
 }

@@ -187,12 +187,14 @@ impl ActFormat for Q8_1 {
     }
 }
 
-/// ggml's `nearest_int` as GCC compiles `nearest_int(iscale * x)` with
-/// `-ffp-contract=fast` (`-std=gnu11`): `fma(iscale, x, 12582912)` — the exact product
-/// rounded once, half to even — read back from the mantissa bits.
+/// ggml's `nearest_int(iscale * x)` as llama.cpp's build runs it: `quantize_row_q8_K_ref`
+/// lives in libggml-base, which `GGML_NATIVE` does not compile for the host ISA (x86-64
+/// baseline, no FMA: `mulps` then `addps` in its disassembly), so the product is rounded
+/// to f32 first and `+ 12582912` then rounds it to an integer, half to even; the result
+/// is read back from the mantissa bits.
 #[inline(always)]
-fn nearest_int_fma(iscale: f32, x: f32) -> i32 {
-    let val = iscale.mul_add(x, 12_582_912.0);
+fn nearest_int(iscale: f32, x: f32) -> i32 {
+    let val = iscale * x + 12_582_912.0;
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
@@ -220,7 +222,7 @@ impl ActFormat for Q8K {
             }
             let iscale = -127.0 / max;
             for (q, &v) in b.qs.iter_mut().zip(xb) {
-                *q = nearest_int_fma(iscale, v).min(127) as i8;
+                *q = nearest_int(iscale, v).min(127) as i8;
             }
             for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
                 *s = c.iter().map(|&q| i16::from(q)).sum();

@@ -105,7 +105,12 @@ fn logits(model: &Model, tokens: &[u32], cache: &mut SoloKv) -> Vec<f32> {
 }
 
 fn check_file(label: &str, max_dp: f64) -> FileResult {
-    let at = workspace_root().join(format!("daemon/tests/fixtures/quant-parity/{label}.json"));
+    // INFERD_PARITY_REFS: another folder of references (scripts/quant-parity.sh with
+    // INFERD_QUANT_REFS), for experiments against other llama.cpp kernel paths.
+    let dir = std::env::var_os("INFERD_PARITY_REFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("daemon/tests/fixtures/quant-parity"));
+    let at = dir.join(format!("{label}.json"));
     let text = std::fs::read_to_string(&at).expect("fixture");
     let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
     let file = fixture["meta"]["model_file"].as_str().expect("model_file");
