@@ -28,6 +28,13 @@ pub trait ActFormat: Send + Sync + 'static {
     const ZERO: Self::Block;
     /// Converts one row (`x.len() = out.len() · BLOCK_VALUES`).
     fn quantize_row(x: &[f32], out: &mut [Self::Block]);
+    /// Converts one row as llama.cpp quantizes the rows of a repacked product's gemm
+    /// ([`crate::Path::Gemm`], `ggml_quantize_mat_*_4x8` in
+    /// `ggml-cpu/arch/x86/repack.cpp`); the same as [`Self::quantize_row`] unless a
+    /// format says otherwise.
+    fn quantize_row_gemm(x: &[f32], out: &mut [Self::Block]) {
+        Self::quantize_row(x, out);
+    }
     /// The values a row of blocks stands for (`d · q`, or the widened float), for
     /// reference computations.
     fn dequantize_row(blocks: &[Self::Block], out: &mut [f32]);
@@ -44,6 +51,17 @@ pub struct Activations<A: ActFormat> {
 impl<A: ActFormat> Activations<A> {
     /// Converts `rows` rows of `k` f32 values (`xs.len() = rows · k`).
     pub fn quantize(xs: &[f32], rows: usize, k: usize) -> Result<Self, KernelError> {
+        Self::quantize_for(xs, rows, k, |_| false)
+    }
+
+    /// As [`Self::quantize`], with the rows `j` for which `gemm(j)` holds converted by
+    /// [`ActFormat::quantize_row_gemm`].
+    pub fn quantize_for(
+        xs: &[f32],
+        rows: usize,
+        k: usize,
+        gemm: impl Fn(usize) -> bool,
+    ) -> Result<Self, KernelError> {
         if !k.is_multiple_of(A::BLOCK_VALUES) {
             return Err(KernelError::Activations(format!(
                 "row length {k} is not a multiple of {}'s block of {}",
@@ -60,8 +78,16 @@ impl<A: ActFormat> Activations<A> {
         let per_row = k / A::BLOCK_VALUES;
         let mut blocks = vec![A::ZERO; rows * per_row];
         if per_row > 0 {
-            for (x, out) in xs.chunks_exact(k).zip(blocks.chunks_exact_mut(per_row)) {
-                A::quantize_row(x, out);
+            for (j, (x, out)) in xs
+                .chunks_exact(k)
+                .zip(blocks.chunks_exact_mut(per_row))
+                .enumerate()
+            {
+                if gemm(j) {
+                    A::quantize_row_gemm(x, out);
+                } else {
+                    A::quantize_row(x, out);
+                }
             }
         }
         Ok(Self { rows, k, blocks })
@@ -198,6 +224,37 @@ fn nearest_int(iscale: f32, x: f32) -> i32 {
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
+impl Q8K {
+    /// One block of `quantize_row` or, with `gemm`, of `ggml_quantize_mat_q8_K_4x8`
+    /// (`ggml-cpu/arch/x86/repack.cpp`, AVX2). They differ only in the scale's sign when
+    /// `+amax` and `−amax` both occur: the reference takes the sign of the first value of
+    /// largest magnitude, the 4×8 code `−127 / amax` whenever some value equals `+amax`.
+    fn quantize_block(xb: &[f32], b: &mut Q8KBlock, gemm: bool) {
+        let (mut max, mut amax) = (0f32, 0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *b = Self::ZERO;
+            return;
+        }
+        if gemm && xb.contains(&amax) {
+            max = amax;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in b.qs.iter_mut().zip(xb) {
+            *q = nearest_int(iscale, v).min(127) as i8;
+        }
+        for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = c.iter().map(|&q| i16::from(q)).sum();
+        }
+        b.d = 1.0 / iscale;
+    }
+}
+
 impl ActFormat for Q8K {
     type Block = Q8KBlock;
     const BLOCK_VALUES: usize = 256;
@@ -209,25 +266,12 @@ impl ActFormat for Q8K {
     };
     fn quantize_row(x: &[f32], out: &mut [Q8KBlock]) {
         for (xb, b) in x.chunks_exact(256).zip(out) {
-            let (mut max, mut amax) = (0f32, 0f32);
-            for &v in xb {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            if amax == 0.0 {
-                *b = Self::ZERO;
-                continue;
-            }
-            let iscale = -127.0 / max;
-            for (q, &v) in b.qs.iter_mut().zip(xb) {
-                *q = nearest_int(iscale, v).min(127) as i8;
-            }
-            for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-                *s = c.iter().map(|&q| i16::from(q)).sum();
-            }
-            b.d = 1.0 / iscale;
+            Self::quantize_block(xb, b, false);
+        }
+    }
+    fn quantize_row_gemm(x: &[f32], out: &mut [Q8KBlock]) {
+        for (xb, b) in x.chunks_exact(256).zip(out) {
+            Self::quantize_block(xb, b, true);
         }
     }
     fn dequantize_row(blocks: &[Q8KBlock], out: &mut [f32]) {

@@ -33,12 +33,37 @@ pub fn min_dot(w: &[u8], a: &[Q8Block], bytes: usize, unpack: fn(&[u8]) -> [i8; 
     hsum_float_8(&acc) + summs
 }
 
+/// `out[i] = w · a_{rows.start + i}` in the order of llama.cpp's repacked Q4_0 kernels
+/// (`gemv_q4_b32_8x8_q8_0_lut_avx` and `gemm_q4_b32_8x8_q8_0_lut_avx`,
+/// `ggml-cpu/arch/x86/repack.cpp`; gemm and gemv round alike and their activations are
+/// quantized alike, `ggml_quantize_mat_q8_0_4x8` = `quantize_row_q8_0`): per block one
+/// exact integer sum `Σ q·y` and `acc = fma(f32(sum), d_w · d_a, acc)` — one chain, no
+/// lanes, no horizontal sum.
+pub fn repacked_rows(
+    w: &[u8],
+    a: &crate::Activations<crate::act::Q8_0>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+    bytes: usize,
+    unpack: fn(&[u8]) -> [i8; 32],
+) {
+    for (o, j) in out.iter_mut().zip(rows) {
+        let mut acc = 0f32;
+        for (wb, ab) in w.chunks_exact(bytes).zip(a.row(j)) {
+            let sum: i32 = quad_dots(&unpack(wb), &ab.qs).iter().sum();
+            acc = (sum as f32).mul_add(le_f16(wb, 0) * ab.d, acc);
+        }
+        *o = acc;
+    }
+}
+
 /// The `Quant` impl of a 32-value type: `$t` with ggml type `$ggml`, `$bytes` per block,
 /// activations `$act` (`Q8_0` for the signed family, `Q8_1` with a minimum), `$unpack`
 /// giving the block's 32 values as `i8` (`q − offset` signed, or unsigned `q`), `$deq`
-/// the dequantization of one value, and the module's `avx2::Avx2` tile.
+/// the dequantization of one value, and the module's `avx2::Avx2` tile; `repacked` for
+/// the type llama.cpp repacks (Q4_0: [`repacked_rows`] on its Gemv and Gemm paths).
 macro_rules! legacy_quant {
-    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr) => {
+    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)?) => {
         impl $crate::Quant for $t {
             const TYPE: $crate::GgmlType = $ggml;
             const BLOCK_VALUES: usize = 32;
@@ -76,6 +101,24 @@ macro_rules! legacy_quant {
                 }
                 $crate::tiles::each_row::<Self>(isa, w, a, rows, out);
             }
+
+            $(
+            fn path_rows(
+                isa: $crate::Isa,
+                path: $crate::Path,
+                w: &[u8],
+                a: &$crate::Activations<$crate::act::$act>,
+                rows: std::ops::Range<usize>,
+                out: &mut [f32],
+            ) {
+                match path {
+                    $crate::Path::Gemv | $crate::Path::Gemm => $rep(w, a, rows, out, $bytes, $unpack),
+                    $crate::Path::VecDot | $crate::Path::Tiled => {
+                        <Self as $crate::Quant>::vec_dot_rows(isa, w, a, rows, out)
+                    }
+                }
+            }
+            )?
         }
     };
 }

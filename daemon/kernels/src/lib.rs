@@ -35,9 +35,11 @@
 pub mod act;
 pub mod half;
 pub mod isa;
+pub mod kbatch;
 pub mod lanes;
 mod legacy;
 mod matrix;
+pub mod paths;
 pub mod tiles;
 pub mod types;
 
@@ -63,6 +65,7 @@ mod timing_tests;
 pub use act::{ActFormat, Activations};
 pub use isa::Isa;
 pub use matrix::{Kernel, QuantMatrix};
+pub use paths::{BatchRow, Path};
 pub use types::GgmlType;
 
 /// Errors of this crate; each names what was given and what is allowed.
@@ -130,5 +133,20 @@ pub trait Quant: Send + Sync + 'static {
         out: &mut [f32],
     ) {
         tiles::each_row::<Self>(isa, w, a, rows, out);
+    }
+
+    /// Dot products of one weight row with several activation rows along llama.cpp's
+    /// kernel `path` for them ([`paths`]). The default is [`Self::vec_dot_rows`]: types
+    /// that llama.cpp computes with `vec_dot` on every path keep it.
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<Self::Act>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let _ = path;
+        Self::vec_dot_rows(isa, w, a, rows, out);
     }
 }

@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use crate::act::{self, ActFormat, Activations};
+use crate::paths::{self, BatchRow, Path};
 use crate::tiles::TILE;
 use crate::{GgmlType, Isa, KernelError, Quant};
 
@@ -63,12 +64,21 @@ wrap!(act::F32, F32);
 pub trait Kernel: Send + Sync {
     /// The weight type.
     fn ty(&self) -> GgmlType;
-    /// Converts `rows × k` f32 activations to the type's activation format.
-    fn quantize(&self, xs: &[f32], rows: usize, k: usize) -> Result<AnyActivations, KernelError>;
+    /// Converts `rows × k` f32 activations to the type's activation format, row `j` as
+    /// its path `paths[j]` quantizes it (all [`Path::VecDot`] when `paths` is empty).
+    fn quantize(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        k: usize,
+        paths: &[Path],
+    ) -> Result<AnyActivations, KernelError>;
     /// `out[(r − features.start) · rows + j] = w_r · a_j` for every activation row `j`
     /// (of `rows`) and weight row `r` in `features` (weight-row major, so that threads
     /// computing disjoint feature ranges write disjoint slices); `w` holds all rows,
-    /// `row_bytes` each.
+    /// `row_bytes` each. Activation row `j` goes through llama.cpp's kernel `paths[j]`
+    /// (all [`Path::VecDot`] when `paths` is empty).
+    #[allow(clippy::too_many_arguments)]
     fn matmul_range(
         &self,
         isa: Isa,
@@ -76,6 +86,7 @@ pub trait Kernel: Send + Sync {
         row_bytes: usize,
         act: &AnyActivations,
         features: Range<usize>,
+        paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError>;
     /// ggml's dequantization of one row.
@@ -93,8 +104,15 @@ where
         Q::TYPE
     }
 
-    fn quantize(&self, xs: &[f32], rows: usize, k: usize) -> Result<AnyActivations, KernelError> {
-        Ok(Q::Act::wrap(Activations::quantize(xs, rows, k)?))
+    fn quantize(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        k: usize,
+        paths: &[Path],
+    ) -> Result<AnyActivations, KernelError> {
+        let gemm = |j: usize| paths.get(j) == Some(&Path::Gemm);
+        Ok(Q::Act::wrap(Activations::quantize_for(xs, rows, k, gemm)?))
     }
 
     fn matmul_range(
@@ -104,6 +122,7 @@ where
         row_bytes: usize,
         act: &AnyActivations,
         features: Range<usize>,
+        paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let a = Q::Act::unwrap(act).ok_or_else(|| {
@@ -122,6 +141,12 @@ where
             return Err(KernelError::Activations(format!(
                 "output of {} values for {rows} rows × {len} features, or features {features:?} beyond the matrix",
                 out.len()
+            )));
+        }
+        if !paths.is_empty() && paths.len() != rows {
+            return Err(KernelError::Activations(format!(
+                "{} paths for {rows} activation rows",
+                paths.len()
             )));
         }
         if a.k() / Q::BLOCK_VALUES * Q::BLOCK_BYTES != row_bytes {
@@ -145,7 +170,20 @@ where
             for j0 in (0..rows).step_by(chunk) {
                 let j1 = (j0 + chunk).min(rows);
                 for (wr, o) in wg.chunks_exact(row_bytes).zip(og.chunks_exact_mut(rows)) {
-                    Q::vec_dot_rows(isa, wr, a, j0..j1, &mut o[j0..j1]);
+                    // Runs of rows on one path.
+                    let mut j = j0;
+                    while j < j1 {
+                        let p = paths.get(j).copied().unwrap_or(Path::VecDot);
+                        let mut e = j + 1;
+                        while e < j1 && paths.get(e).copied().unwrap_or(Path::VecDot) == p {
+                            e += 1;
+                        }
+                        match p {
+                            Path::VecDot => Q::vec_dot_rows(isa, wr, a, j..e, &mut o[j..e]),
+                            p => Q::path_rows(isa, p, wr, a, j..e, &mut o[j..e]),
+                        }
+                        j = e;
+                    }
                 }
             }
         }
@@ -256,7 +294,24 @@ impl QuantMatrix {
 
     /// Converts `rows × k` activations to this type's activation format.
     pub fn quantize(&self, xs: &[f32], rows: usize) -> Result<AnyActivations, KernelError> {
-        self.kernel.quantize(xs, rows, self.k)
+        self.kernel.quantize(xs, rows, self.k, &[])
+    }
+
+    /// llama.cpp's kernel for each activation row, from the rows' places in its
+    /// micro-batches ([`paths::path`]).
+    pub fn paths(&self, batch: &[BatchRow]) -> Vec<Path> {
+        let ty = self.ty();
+        batch.iter().map(|&r| paths::path(ty, self.n, r)).collect()
+    }
+
+    /// Converts activations as [`Self::quantize`], row `j` as `paths[j]` quantizes it.
+    pub fn quantize_for(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        paths: &[Path],
+    ) -> Result<AnyActivations, KernelError> {
+        self.kernel.quantize(xs, rows, self.k, paths)
     }
 
     /// Outputs for weight rows `features` (see [`Kernel::matmul_range`]); threads call
@@ -275,7 +330,27 @@ impl QuantMatrix {
             )));
         }
         self.kernel
-            .matmul_range(isa, &self.data, self.row_bytes, act, features, out)
+            .matmul_range(isa, &self.data, self.row_bytes, act, features, &[], out)
+    }
+
+    /// [`Self::matmul_range`] with activation row `j` on llama.cpp's kernel `paths[j]`
+    /// (`paths` from [`Self::paths`]; activations from [`Self::quantize_for`]).
+    pub fn matmul_range_paths(
+        &self,
+        isa: Isa,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        if features.end > self.n {
+            return Err(KernelError::Activations(format!(
+                "features {features:?} beyond {} rows",
+                self.n
+            )));
+        }
+        self.kernel
+            .matmul_range(isa, &self.data, self.row_bytes, act, features, paths, out)
     }
 
     /// `x · Wᵀ` on the calling thread: `rows × n` outputs, row-major.

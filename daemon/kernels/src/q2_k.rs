@@ -18,8 +18,9 @@
 
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
+use crate::kbatch::{KBlock, KQuant};
 use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
-use crate::{GgmlType, Isa, Quant};
+use crate::{Activations, GgmlType, Isa, Path, Quant};
 
 /// The Q2_K weight type.
 pub struct Q2K;
@@ -47,6 +48,20 @@ impl Quant for Q2K {
     const BLOCK_VALUES: usize = 256;
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
+
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        match path {
+            Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
+        }
+    }
 
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let (d, min) = (le_f16(b, D), le_f16(b, DMIN));
@@ -83,6 +98,20 @@ impl Quant for Q2K {
             fma_splat(&mut acc, d, &to_f32(&k_lanes(&unpack(wb), &ab.qs, &sc)));
         }
         hsum_float_8(&acc)
+    }
+}
+
+impl KQuant for Q2K {
+    const BIAS: i32 = 0;
+    const HAS_MIN: bool = true;
+    fn k_block(b: &[u8]) -> KBlock {
+        KBlock {
+            u: unpack(b).map(|q| q as u8),
+            sc: std::array::from_fn(|g| i16::from(b[g] & 15)),
+            mn: std::array::from_fn(|g| i16::from(b[g] >> 4)),
+            d: le_f16(b, D),
+            dmin: le_f16(b, DMIN),
+        }
     }
 }
 

@@ -19,8 +19,9 @@
 
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
+use crate::kbatch::{KBlock, KQuant};
 use crate::lanes::{fma_splat, hsum_float_8, k_lanes, to_f32, Lanes};
-use crate::{GgmlType, Isa, Quant};
+use crate::{Activations, GgmlType, Isa, Path, Quant};
 
 /// The Q3_K weight type.
 pub struct Q3K;
@@ -78,6 +79,20 @@ impl Quant for Q3K {
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
 
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        match path {
+            Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
+        }
+    }
+
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let d = le_f16(b, D);
         let sc = scales(b);
@@ -110,6 +125,21 @@ impl Quant for Q3K {
             );
         }
         hsum_float_8(&acc)
+    }
+}
+
+impl KQuant for Q3K {
+    const BIAS: i32 = 4;
+    const HAS_MIN: bool = false;
+    fn k_block(b: &[u8]) -> KBlock {
+        let sc = scales(b);
+        KBlock {
+            u: unpack(b).map(|q| (q + 4) as u8),
+            sc: std::array::from_fn(|g| sc[g] as i16),
+            mn: [0; 16],
+            d: le_f16(b, D),
+            dmin: 0.0,
+        }
     }
 }
 

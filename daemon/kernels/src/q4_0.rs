@@ -5,8 +5,9 @@
 //! ggml's order (`ggml_vec_dot_q4_0_q8_0`, `ggml-cpu/arch/x86/quants.c`, AVX2 branch):
 //! per block, `d = f16→f32(d_w) · d_a`, eight lanes of exact 4-product sums of `q − 8`
 //! with the activation quants, `acc = fma(d, v, acc)`; the result is `hsum_float_8(acc)`.
-//! (llama.cpp repacks Q4_0 matrices whose row count is a multiple of 8 on AVX2 CPUs,
-//! `ggml-cpu/repack.cpp`, and those take another order.)
+//! llama.cpp repacks Q4_0 matrices whose row count is a multiple of 8 on AVX2 CPUs
+//! (`ggml-cpu/repack.cpp`); their products take [`crate::legacy::repacked_rows`]'s order
+//! ([`crate::Path::Gemv`], [`crate::Path::Gemm`]).
 
 use crate::half::le_f16;
 use crate::GgmlType;
@@ -34,7 +35,8 @@ crate::legacy::legacy_quant!(
     Q8_0,
     unpack,
     crate::legacy::signed_dot,
-    |b, q| f32::from(q) * le_f16(b, 0)
+    |b, q| f32::from(q) * le_f16(b, 0),
+    repacked: crate::legacy::repacked_rows
 );
 
 #[cfg(target_arch = "x86_64")]

@@ -16,11 +16,12 @@
 
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
+use crate::kbatch::{KBlock, KQuant};
 use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
 use crate::tiles::each_row;
 #[cfg(target_arch = "x86_64")]
 use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Quant};
+use crate::{Activations, GgmlType, Isa, Path, Quant};
 use std::ops::Range;
 
 /// The Q6_K weight type.
@@ -57,6 +58,20 @@ impl Quant for Q6K {
     const BLOCK_VALUES: usize = 256;
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
+
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<act::Q8K>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        match path {
+            Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
+        }
+    }
 
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let d = le_f16(b, D);
@@ -108,6 +123,21 @@ impl Quant for Q6K {
             return unsafe { in_tiles::<_, avx2::Avx2>(w, a, rows, out) };
         }
         each_row::<Self>(isa, w, a, rows, out);
+    }
+}
+
+impl KQuant for Q6K {
+    const BIAS: i32 = 32;
+    const HAS_MIN: bool = false;
+    fn k_block(b: &[u8]) -> KBlock {
+        let sc = scales(b);
+        KBlock {
+            u: unpack(b).map(|q| q as u8),
+            sc: std::array::from_fn(|g| i16::from(sc[g])),
+            mn: [0; 16],
+            d: le_f16(b, D),
+            dmin: 0.0,
+        }
     }
 }
 

@@ -145,6 +145,14 @@ impl GgmlType {
         }
     }
 
+    /// Whether the type is one of the 256-value K-quants (Q2_K–Q6_K).
+    pub fn is_k_quant(self) -> bool {
+        matches!(
+            self,
+            GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+        )
+    }
+
     /// Bytes of a row of `k` values (`k` a multiple of the block).
     pub fn row_bytes(self, k: usize) -> usize {
         let (v, b) = self.block();
