@@ -164,17 +164,9 @@ fn tiled(
     out
 }
 
-/// llama-server's micro-batch (`n_ubatch`, default 512): a prompt is prefilled in
-/// batches of this many rows.
-const UBATCH: usize = 512;
-
 /// Whether llama-server computes the attention of the prompt row at `pos` (of a prompt
 /// of `prompt_len` tokens) with the tiled kernel: the row's micro-batch has at least
 /// [`TILE`] rows (`neq1 >= Q_TILE_SZ` in `ggml_compute_forward_flash_attn_ext_f16`).
 pub fn tiled_row(pos: usize, prompt_len: usize) -> bool {
-    if pos >= prompt_len {
-        return false;
-    }
-    let start = pos / UBATCH * UBATCH;
-    prompt_len.min(start + UBATCH) - start >= TILE
+    super::ubatch::batch_row(pos, prompt_len).len as usize >= TILE
 }

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
-use inferd_kernels::{GgmlType, Isa, QuantMatrix};
+use inferd_kernels::{BatchRow, GgmlType, Isa, QuantMatrix};
 
 use super::q4_1::{matmul_tensor, transpose, PAR_MIN_BLOCK_DOTS};
 use super::team;
@@ -84,15 +84,36 @@ impl GgmlMatrix {
         })
     }
 
-    /// `xs` `(rows, k)` row-major → `(rows, n)` row-major, on the thread team.
+    /// `xs` `(rows, k)` row-major → `(rows, n)` row-major, on the thread team; every
+    /// row through `vec_dot`.
     ///
     /// # Errors
     /// `xs` is not `rows × k` values.
     pub fn matmul_host(&self, xs: &[f32], rows: usize) -> Result<Vec<f32>> {
+        self.matmul_host_batch(xs, rows, &[])
+    }
+
+    /// [`Self::matmul_host`] with each row on the kernel llama.cpp runs for it, given
+    /// its place `batch[j]` in llama.cpp's micro-batch (`inferd_kernels::paths`; empty:
+    /// `vec_dot` for every row).
+    ///
+    /// # Errors
+    /// `xs` is not `rows × k` values, or `batch` is neither empty nor `rows` long.
+    pub fn matmul_host_batch(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        batch: &[BatchRow],
+    ) -> Result<Vec<f32>> {
         let (n, k) = self.shape();
+        let paths = if batch.is_empty() {
+            Vec::new()
+        } else {
+            self.m.paths(batch)
+        };
         let act = self
             .m
-            .quantize(xs, rows)
+            .quantize_for(xs, rows, &paths)
             .map_err(candle_core::Error::wrap)?;
         if rows == 0 || n == 0 {
             return Ok(Vec::new());
@@ -103,7 +124,7 @@ impl GgmlMatrix {
         // Work in units of 32-value block dot products, as the Q4_1 kernel counts it.
         if n * rows * (k / 32).max(1) < PAR_MIN_BLOCK_DOTS || threads <= 1 {
             self.m
-                .matmul_range(isa, &act, 0..n, &mut out_t)
+                .matmul_range_paths(isa, &act, 0..n, &paths, &mut out_t)
                 .map_err(candle_core::Error::wrap)?;
         } else {
             // About eight tasks per thread, claimed dynamically, in whole weight rows.
@@ -112,7 +133,7 @@ impl GgmlMatrix {
             team::for_each_chunk_mut(&mut out_t, per_task * rows, |i, chunk| {
                 let r0 = i * per_task;
                 let r1 = r0 + chunk.len() / rows;
-                if let Err(e) = self.m.matmul_range(isa, &act, r0..r1, chunk) {
+                if let Err(e) = self.m.matmul_range_paths(isa, &act, r0..r1, &paths, chunk) {
                     if let Ok(mut f) = failed.lock() {
                         f.get_or_insert(e);
                     }

@@ -11,7 +11,9 @@ use super::moe::{route, Route};
 use super::rope::RopeTable;
 use super::spec::{Activation, ModelSpec, Numerics};
 use super::transformer::{AttnShape, Backend};
+use super::ubatch::batch_rows;
 use super::weights::{MoeWeights, Projection, Vector};
+use inferd_kernels::BatchRow;
 
 /// `(n, width)` activations, row-major.
 #[derive(Debug, Clone)]
@@ -34,6 +36,10 @@ pub struct HostBackend<'a> {
     seqs: &'a [ForwardSeq<'a>],
     positions: &'a [u32],
     numerics: Numerics,
+    /// With ggml numerics, each current row's place in llama-server's micro-batch
+    /// ([`super::ubatch`]), so that matrix products take llama.cpp's kernel per row;
+    /// empty otherwise (every product through `vec_dot`).
+    batch: Vec<BatchRow>,
 }
 
 impl<'a> HostBackend<'a> {
@@ -45,11 +51,25 @@ impl<'a> HostBackend<'a> {
         positions: &'a [u32],
         numerics: Numerics,
     ) -> Self {
+        let batch = match numerics {
+            Numerics::Ggml => batch_rows(seqs),
+            Numerics::Transformers => Vec::new(),
+        };
         Self {
             pool,
             seqs,
             positions,
             numerics,
+            batch,
+        }
+    }
+
+    /// The micro-batch places of `n` current rows (none for other row sets).
+    fn batch_for(&self, n: usize) -> &[BatchRow] {
+        if self.batch.len() == n {
+            &self.batch
+        } else {
+            &[]
         }
     }
 }
@@ -137,14 +157,23 @@ fn split_rows(all: &[f32], n: usize, widths: &[usize]) -> Vec<Vec<f32>> {
     parts
 }
 
-/// The projections of host rows `x` (`n` rows), one row-major array per part.
-pub fn project_rows(x: &[f32], n: usize, p: &Projection) -> candle_core::Result<Vec<Vec<f32>>> {
+/// The projections of host rows `x` (`n` rows), one row-major array per part; each row
+/// on llama.cpp's kernel for its micro-batch place `batch[j]` (empty: `vec_dot`).
+pub fn project_rows(
+    x: &[f32],
+    n: usize,
+    p: &Projection,
+    batch: &[BatchRow],
+) -> candle_core::Result<Vec<Vec<f32>>> {
     match p {
         Projection::Fused { matrix, widths } => {
-            let all = matrix.forward_host(x, n)?;
+            let all = matrix.forward_host_batch(x, n, batch)?;
             Ok(split_rows(&all, n, widths))
         }
-        Projection::Separate(ms) => ms.iter().map(|m| m.forward_host(x, n)).collect(),
+        Projection::Separate(ms) => ms
+            .iter()
+            .map(|m| m.forward_host_batch(x, n, batch))
+            .collect(),
     }
 }
 
@@ -157,7 +186,7 @@ pub fn mlp_rows(
     act: Activation,
     numerics: Numerics,
 ) -> candle_core::Result<Vec<f32>> {
-    let parts = project_rows(x, n, gate_up)?;
+    let parts = project_rows(x, n, gate_up, &[])?;
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
@@ -198,7 +227,7 @@ impl Backend for HostBackend<'_> {
     }
 
     fn project(&mut self, x: &Rows, p: &Projection) -> candle_core::Result<Vec<Rows>> {
-        Ok(project_rows(&x.v, x.n, p)?
+        Ok(project_rows(&x.v, x.n, p, self.batch_for(x.n))?
             .into_iter()
             .map(|v| Rows { v, n: x.n })
             .collect())
@@ -206,7 +235,7 @@ impl Backend for HostBackend<'_> {
 
     fn matmul(&mut self, x: &Rows, m: &Matrix) -> candle_core::Result<Rows> {
         Ok(Rows {
-            v: m.forward_host(&x.v, x.n)?,
+            v: m.forward_host_batch(&x.v, x.n, self.batch_for(x.n))?,
             n: x.n,
         })
     }
@@ -309,6 +338,13 @@ impl Backend for HostBackend<'_> {
             v.extend_from_slice(&x.v[r * e..(r + 1) * e]);
         }
         Ok(Rows { v, n: rows.len() })
+    }
+
+    fn output_rows(&mut self, x: &Rows, rows: &[u32]) -> candle_core::Result<Rows> {
+        if !self.batch.is_empty() {
+            self.batch = vec![BatchRow::SINGLE; rows.len()];
+        }
+        self.rows(x, rows)
     }
 
     fn logits(

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
+use inferd_kernels::BatchRow;
 
 use super::ggml_matrix::{ggml_type, GgmlMatrix};
 use super::q4_1::Q4_1Matrix;
@@ -267,6 +268,24 @@ impl Matrix {
                 let x = Tensor::from_slice(xs, (rows, k), &Device::Cpu)?;
                 self.forward(&x)?.flatten_all()?.to_vec1::<f32>()
             }
+        }
+    }
+
+    /// [`Self::forward_host`] with each row on llama.cpp's kernel for its place `batch[j]`
+    /// in llama.cpp's micro-batch ([`GgmlMatrix::matmul_host_batch`]); only matrices on
+    /// our ggml kernels have other kernels than `vec_dot` (Q4_1 and Q8_0 have none).
+    ///
+    /// # Errors
+    /// As [`Self::forward_host`]; `batch` neither empty nor `rows` long.
+    pub fn forward_host_batch(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        batch: &[BatchRow],
+    ) -> candle_core::Result<Vec<f32>> {
+        match self {
+            Matrix::Ggml(m) => m.matmul_host_batch(xs, rows, batch),
+            _ => self.forward_host(xs, rows),
         }
     }
 

@@ -27,6 +27,7 @@ pub mod source;
 pub mod spec;
 pub mod team;
 pub mod transformer;
+pub mod ubatch;
 pub mod weights;
 
 #[cfg(test)]

@@ -170,6 +170,10 @@ impl Backend for TraceBackend<'_> {
         self.inner.rows(x, rows)
     }
 
+    fn output_rows(&mut self, x: &Rows, rows: &[u32]) -> candle_core::Result<Rows> {
+        self.inner.output_rows(x, rows)
+    }
+
     fn logits(&mut self, x: Rows, rows: usize, cap: Option<f32>) -> candle_core::Result<Tensor> {
         self.out.push(("result_output".into(), x.v.clone()));
         self.inner.logits(x, rows, cap)

@@ -92,6 +92,13 @@ pub trait Backend {
     ) -> candle_core::Result<Self::Act>;
     /// Rows `rows` of `x`.
     fn rows(&mut self, x: &Self::Act, rows: &[u32]) -> candle_core::Result<Self::Act>;
+    /// Rows `rows` of `x` as the last block's feed-forward input: as llama.cpp
+    /// (`inp_out_ids` in `src/models/*.cpp`), the last block's feed-forward runs on the
+    /// rows whose logits are wanted only, each as the one output row of llama-server's
+    /// step for a single sequence. Backends that choose kernels per row switch here.
+    fn output_rows(&mut self, x: &Self::Act, rows: &[u32]) -> candle_core::Result<Self::Act> {
+        self.rows(x, rows)
+    }
     /// Logits `(rows, vocab)` f32 as a tensor, soft-capped when `cap` is set.
     fn logits(
         &mut self,
@@ -346,10 +353,19 @@ impl Model {
         if let Some(sc) = s.embed_scale {
             x = be.scale(x, sc)?;
         }
+        let last_layer = self.weights.layers.len().saturating_sub(1);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let h = be.rms_norm(&x, &w.attn_norm, s.norm_eps)?;
             let o = self.attention_block(be, l, w, &h)?;
             be.add(&mut x, &o)?;
+            if l == last_layer {
+                // Only the wanted rows go on: their K/V are written, the rest of the
+                // last block changes no other row.
+                if b.wanted.is_empty() {
+                    return Ok(None);
+                }
+                x = be.output_rows(&x, &b.wanted)?;
+            }
             let h = be.rms_norm(&x, &w.ffn_norm, s.norm_eps)?;
             let mut m = match &w.ffn {
                 super::weights::Ffn::Dense { gate_up, down } => {
@@ -370,8 +386,10 @@ impl Model {
         if b.wanted.is_empty() {
             return Ok(None);
         }
-        let last = be.rows(&x, &b.wanted)?;
-        let last = be.rms_norm(&last, &self.weights.output_norm, s.norm_eps)?;
+        if self.weights.layers.is_empty() {
+            x = be.output_rows(&x, &b.wanted)?;
+        }
+        let last = be.rms_norm(&x, &self.weights.output_norm, s.norm_eps)?;
         let logits = be.matmul(&last, &self.weights.output)?;
         be.logits(logits, b.wanted.len(), s.final_softcap).map(Some)
     }
