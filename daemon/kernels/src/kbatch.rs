@@ -218,6 +218,43 @@ mod tests {
         );
     }
 
+    /// Every ISA's `path_rows` equals the portable [`rows`] bit for bit (13 rows: tiles
+    /// of 8, 4 and 1; 3 blocks per row).
+    fn paths_agree<Q: KQuant>(dtype: GgmlDType, paths: &[Path]) {
+        let (n, k, r) = (5, 768, 13);
+        let (w, _) = quantize(&random(n * k, 3), n, k, dtype);
+        let x = random(r * k, 4);
+        for &p in paths {
+            let a = Activations::<Q8K>::quantize_for(&x, r, k, |_| p == Path::Gemm).expect("a");
+            for wr in w.chunks_exact(w.len() / n) {
+                let mut want = vec![0f32; r];
+                rows::<Q>(Isa::Portable, p, wr, &a, 0..r, &mut want);
+                for isa in Isa::available() {
+                    let mut got = vec![0f32; r];
+                    Q::path_rows(isa, p, wr, &a, 0..r, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{} {p:?} {}",
+                        Q::TYPE.name(),
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_paths_equal_portable() {
+        let all = [Path::Tiled, Path::Gemv, Path::Gemm];
+        paths_agree::<crate::q4_k::Q4K>(GgmlDType::Q4K, &all);
+        paths_agree::<crate::q6_k::Q6K>(GgmlDType::Q6K, &[Path::Tiled]);
+        paths_agree::<crate::q5_k::Q5K>(GgmlDType::Q5K, &[Path::Tiled]);
+        paths_agree::<crate::q3_k::Q3K>(GgmlDType::Q3K, &[Path::Tiled]);
+        paths_agree::<crate::q2_k::Q2K>(GgmlDType::Q2K, &[Path::Tiled]);
+    }
+
     #[test]
     fn quarter_sums_are_exact_on_every_isa() {
         sums_agree::<crate::q2_k::Q2K>(GgmlDType::Q2K);

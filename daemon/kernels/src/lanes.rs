@@ -252,6 +252,19 @@ pub mod x86 {
         _mm_cvtss_f32(res)
     }
 
+    /// The sum of eight i32 lanes (exact, so the order is free).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn hsum_i32_8(v: __m256i) -> i32 {
+        let h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        _mm_cvtsi128_si32(h)
+    }
+
     /// The little-endian f16 at `p`, widened to f32 with F16C (`_cvtsh_ss`, as ggml's
     /// `GGML_CPU_FP16_TO_FP32`; exact, the same value as [`crate::half::le_f16`]).
     ///

@@ -67,6 +67,16 @@ impl Quant for Q4K {
     ) {
         match path {
             Path::VecDot => Self::vec_dot_rows(isa, w, a, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            p if isa.has_avx2() => unsafe {
+                use avx2::{PathTile, GEMM, GEMV, TILED};
+                match p {
+                    Path::Gemv => in_tiles::<_, PathTile<GEMV>>(w, a, rows, out),
+                    Path::Gemm => in_tiles::<_, PathTile<GEMM>>(w, a, rows, out),
+                    _ => in_tiles::<_, PathTile<TILED>>(w, a, rows, out),
+                }
+            },
             p => crate::kbatch::rows::<Self>(isa, p, w, a, rows, out),
         }
     }
@@ -148,7 +158,7 @@ mod avx2 {
     use super::{BYTES, QS, SCALES};
     use crate::act::Q8KBlock;
     use crate::lanes::k4_scales_mins;
-    use crate::lanes::x86::{f16_at, hsum_float_4, hsum_float_8, scale_shuffle_k4};
+    use crate::lanes::x86::{f16_at, hsum_float_4, hsum_float_8, hsum_i32_8, scale_shuffle_k4};
     use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
@@ -161,54 +171,77 @@ mod avx2 {
         }
     }
 
+    /// A block's nibble vectors `q[v]` (values `32 v..32 v + 32`), their scale vectors
+    /// `s[v]`, the eight mins as i16, `d` and `dmin`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(wb: *const u8) -> ([__m256i; 8], [__m256i; 8], __m128i, f32, f32) {
+        let m4 = _mm256_set1_epi8(0xf);
+        let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
+        // ggml's `utmp`: the eight scales, then the eight mins.
+        let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));
+        let mut utmp = [0u8; 16];
+        utmp[..8].copy_from_slice(&sc);
+        utmp[8..].copy_from_slice(&mn);
+        let mins_and_scales =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(utmp.as_ptr() as *const __m128i));
+        let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
+        let sc128 = _mm256_extracti128_si256::<0>(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let q4bits = _mm256_loadu_si256(wb.add(QS + 32 * j) as *const __m256i);
+            q[2 * j] = _mm256_and_si256(q4bits, m4);
+            q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
+            s[2 * j] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
+            s[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
+        }
+        (q, s, mins, dw, minw)
+    }
+
+    /// The four quarter min sums `s2_q` (lane `q`) of activation block `ab`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn min_sums(mins: __m128i, ab: &Q8KBlock) -> __m128i {
+        let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+        let q8s = _mm_hadd_epi16(
+            _mm256_extracti128_si256::<0>(q8sums),
+            _mm256_extracti128_si256::<1>(q8sums),
+        );
+        _mm_madd_epi16(mins, q8s)
+    }
+
+    /// The scaled integer lanes of values `64 q..64 q + 64` (quarter `q`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quarter(q: &[__m256i; 8], s: &[__m256i; 8], ab: &Q8KBlock, j: usize) -> __m256i {
+        let mut sumi = _mm256_setzero_si256();
+        for v in 2 * j..2 * j + 2 {
+            let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
+            sumi = _mm256_add_epi32(
+                sumi,
+                _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8)),
+            );
+        }
+        sumi
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
-        let m4 = _mm256_set1_epi8(0xf);
         let mut acc = [_mm256_setzero_ps(); R];
         let mut acc_m = [_mm_setzero_ps(); R];
         for i in 0..blocks(w, BYTES, &a) {
-            let wb = w.as_ptr().add(i * BYTES);
-            let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
-
-            // ggml's `utmp`: the eight scales, then the eight mins.
-            let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));
-            let mut utmp = [0u8; 16];
-            utmp[..8].copy_from_slice(&sc);
-            utmp[8..].copy_from_slice(&mn);
-            let mins_and_scales =
-                _mm256_cvtepu8_epi16(_mm_loadu_si128(utmp.as_ptr() as *const __m128i));
-            let mins = _mm256_extracti128_si256::<1>(mins_and_scales);
-            let sc128 = _mm256_extracti128_si256::<0>(mins_and_scales);
-            let scales = _mm256_set_m128i(sc128, sc128);
-
-            // Value vector `v` (values `32 v..32 v + 32`) and its scale, for every row.
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut s = [_mm256_setzero_si256(); 8];
-            for j in 0..4 {
-                let q4bits = _mm256_loadu_si256(wb.add(QS + 32 * j) as *const __m256i);
-                q[2 * j] = _mm256_and_si256(q4bits, m4);
-                q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
-                s[2 * j] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j));
-                s[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j + 1));
-            }
-
+            let (q, s, mins, dw, minw) = block(w.as_ptr().add(i * BYTES));
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
                 let d = ab.d * dw;
                 let dmin = -ab.d * minw;
-                let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-                let q8s = _mm_hadd_epi16(
-                    _mm256_extracti128_si256::<0>(q8sums),
-                    _mm256_extracti128_si256::<1>(q8sums),
-                );
-                let prod = _mm_madd_epi16(mins, q8s);
+                let prod = min_sums(mins, ab);
                 acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
-
                 let mut sumi = _mm256_setzero_si256();
-                for v in 0..8 {
-                    let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
-                    let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
-                    sumi = _mm256_add_epi32(sumi, p16);
+                for j in 0..4 {
+                    sumi = _mm256_add_epi32(sumi, quarter(&q, &s, ab, j));
                 }
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
             }
@@ -219,6 +252,76 @@ mod avx2 {
         }
         out
     }
+
+    /// [`crate::kbatch::rows`] for `MODE` [`TILED`], [`GEMV`] or [`GEMM`], with the
+    /// same exact sums from ggml's integer lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn path_dots<const MODE: u8, const R: usize>(
+        w: &[u8],
+        a: [&[Q8KBlock]; R],
+    ) -> [f32; R] {
+        let mut acc = [0f32; R];
+        let mut acc_m = [0f32; R];
+        for i in 0..blocks(w, BYTES, &a) {
+            let (q, s, mins, dw, minw) = block(w.as_ptr().add(i * BYTES));
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let mut m = [0i32; 4];
+                _mm_storeu_si128(m.as_mut_ptr() as *mut __m128i, min_sums(mins, ab));
+                if MODE == GEMM {
+                    // The four quarter totals at once: lane j of `t` is quarter j's.
+                    let h01 = _mm256_hadd_epi32(quarter(&q, &s, ab, 0), quarter(&q, &s, ab, 1));
+                    let h23 = _mm256_hadd_epi32(quarter(&q, &s, ab, 2), quarter(&q, &s, ab, 3));
+                    let h = _mm256_hadd_epi32(h01, h23);
+                    let t =
+                        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    let mut s1 = [0i32; 4];
+                    _mm_storeu_si128(s1.as_mut_ptr() as *mut __m128i, t);
+                    let (ds, dm) = (dw * ab.d, minw * ab.d);
+                    for (&s1j, &mj) in s1.iter().zip(&m) {
+                        acc[r] = (s1j as f32).mul_add(ds, acc[r]);
+                        acc_m[r] = (mj as f32).mul_add(dm, acc_m[r]);
+                    }
+                    continue;
+                }
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    sumi = _mm256_add_epi32(sumi, quarter(&q, &s, ab, j));
+                }
+                let (s1, s2) = (hsum_i32_8(sumi), m.iter().sum::<i32>());
+                if MODE == GEMV {
+                    acc[r] = (s1 as f32).mul_add(dw * ab.d, acc[r]);
+                    acc_m[r] = (s2 as f32).mul_add(minw * ab.d, acc_m[r]);
+                } else {
+                    let res = (-minw).mul_add(s2 as f32, s1 as f32 * dw);
+                    acc[r] = res.mul_add(ab.d, acc[r]);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = if MODE == TILED {
+                acc[r]
+            } else {
+                acc[r] - acc_m[r]
+            };
+        }
+        out
+    }
+
+    /// [`path_dots`] as a tile kernel.
+    pub(super) struct PathTile<const MODE: u8>;
+
+    impl<const MODE: u8> RowTile for PathTile<MODE> {
+        type Block = Q8KBlock;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            path_dots::<MODE, R>(w, a)
+        }
+    }
+
+    pub(super) const TILED: u8 = 1;
+    pub(super) const GEMV: u8 = 2;
+    pub(super) const GEMM: u8 = 3;
 }
 
 #[cfg(test)]

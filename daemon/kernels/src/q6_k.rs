@@ -69,6 +69,9 @@ impl Quant for Q6K {
     ) {
         match path {
             Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+            Path::Tiled if isa.has_avx2() => unsafe { in_tiles::<_, avx2::Tiled>(w, a, rows, out) },
             Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
         }
     }
@@ -148,7 +151,7 @@ mod avx2 {
     //! and `acc` FMA as the one-row kernel.
     use super::{BYTES, D, QH, SCALES};
     use crate::act::Q8KBlock;
-    use crate::lanes::x86::{f16_at, hsum_float_8, scale_shuffle};
+    use crate::lanes::x86::{f16_at, hsum_float_8, hsum_i32_8, scale_shuffle};
     use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
@@ -157,12 +160,23 @@ mod avx2 {
     impl RowTile for Avx2 {
         type Block = Q8KBlock;
         unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
-            dots(w, a)
+            dots::<false, R>(w, a)
+        }
+    }
+
+    /// [`crate::kbatch::rows`] on [`crate::Path::Tiled`] from the same integer lanes.
+    pub(super) struct Tiled;
+
+    impl RowTile for Tiled {
+        type Block = Q8KBlock;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            dots::<true, R>(w, a)
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+    unsafe fn dots<const TILED: bool, const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+        let mut tiled = [0f32; R];
         let m3 = _mm256_set1_epi8(3);
         let m15 = _mm256_set1_epi8(15);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -218,8 +232,17 @@ mod avx2 {
                     sumi = _mm256_add_epi32(sumi, p16);
                 }
                 sumi = _mm256_sub_epi32(sumi, q8sclsub);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                if TILED {
+                    // The lanes sum to `s1` exactly (`− 32` already applied).
+                    let res = hsum_i32_8(sumi) as f32 * dw;
+                    tiled[r] = res.mul_add(ab.d, tiled[r]);
+                } else {
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+                }
             }
+        }
+        if TILED {
+            return tiled;
         }
         let mut out = [0f32; R];
         for r in 0..R {

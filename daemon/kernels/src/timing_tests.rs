@@ -15,9 +15,11 @@
 //! activations are quantized once outside the timed loop, and products with many rows
 //! time a leading range of output features (at most about 0.4 GFLOP per call). For
 //! the K-quants `k` is rounded down to whole 256-value blocks (576 and 640 → 512).
+//! With `INFERD_TIMING_PATHS=1` the rows are one llama.cpp micro-batch and each takes
+//! llama.cpp's kernel for it ([`crate::paths`]: tiled, gemm, gemv) instead of `vec_dot`.
 
 use crate::testing::{quantize, random};
-use crate::{GgmlType, Isa, QuantMatrix};
+use crate::{BatchRow, GgmlType, Isa, Path, QuantMatrix};
 use candle_core::quantized::GgmlDType;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -87,11 +89,12 @@ fn timing() {
         let p = std::env::temp_dir().join("inferd-kernels-timing.json");
         p.to_string_lossy().into_owned()
     });
+    let by_path = std::env::var_os("INFERD_TIMING_PATHS").is_some();
     let mut json = String::new();
     println!("isa {}, one thread", isa.name());
     println!(
-        "{:<6} {:>6} {:>5} {:>5} {:>8} {:>8} {:>8}",
-        "type", "n", "k", "rows", "GFLOP/s", "wGB/s", "vs base"
+        "{:<6} {:>6} {:>5} {:>5} {:>7} {:>8} {:>8} {:>8}",
+        "type", "n", "k", "rows", "path", "GFLOP/s", "wGB/s", "vs base"
     );
     for (ty, dtype) in TYPES {
         if only
@@ -113,26 +116,45 @@ fn timing() {
                 .collect();
             let m = QuantMatrix::new(ty, data, n, k).expect("matrix");
             for rows in ROWS {
-                let act = m.quantize(&random(rows * k, 9), rows).expect("activations");
+                let paths = if by_path {
+                    let batch: Vec<BatchRow> = (0..rows as u32)
+                        .map(|index| BatchRow {
+                            index,
+                            len: rows as u32,
+                        })
+                        .collect();
+                    m.paths(&batch)
+                } else {
+                    Vec::new()
+                };
+                let path_name = match paths.last().copied().unwrap_or(Path::VecDot) {
+                    Path::VecDot => "vec_dot",
+                    Path::Tiled => "tiled",
+                    Path::Gemv => "gemv",
+                    Path::Gemm => "gemm",
+                };
+                let act = m
+                    .quantize_for(&random(rows * k, 9), rows, &paths)
+                    .expect("activations");
                 let per_feature = 2.0 * (k * rows) as f64;
                 let feats = ((MAX_FLOP / per_feature) as usize).clamp(1, n);
                 let mut out = vec![0f32; feats * rows];
                 let t = best_seconds(|| {
-                    m.matmul_range(isa, &act, 0..feats, &mut out)
+                    m.matmul_range_paths(isa, &act, 0..feats, &paths, &mut out)
                         .expect("matmul");
                     std::hint::black_box(&out);
                 });
                 let gflops = per_feature * feats as f64 / t / 1e9;
                 let wgbs = (feats * ty.row_bytes(k)) as f64 / t / 1e9;
                 let key = format!(
-                    "{{\"type\":\"{}\",\"n\":{n},\"k\":{k},\"rows\":{rows},",
+                    "{{\"type\":\"{}\",\"n\":{n},\"k\":{k},\"rows\":{rows},\"path\":\"{path_name}\",",
                     ty.name()
                 );
                 let vs = baseline(&base, &key)
                     .map(|b| format!("{:.2}×", gflops / b))
                     .unwrap_or_default();
                 println!(
-                    "{:<6} {n:>6} {k:>5} {rows:>5} {gflops:>8.2} {wgbs:>8.2} {vs:>8}",
+                    "{:<6} {n:>6} {k:>5} {rows:>5} {path_name:>7} {gflops:>8.2} {wgbs:>8.2} {vs:>8}",
                     ty.name()
                 );
                 writeln!(
