@@ -16,7 +16,8 @@
 #   scripts/quant-parity.sh refs [LABEL...]
 #       Runs `files` (checking), then regenerates llama.cpp's references, one small JSON per file in
 #       daemon/tests/fixtures/quant-parity/<LABEL>.json: the seven types above, Q4_1 (the default
-#       model itself) and gemma3-Q4_K_M (models/gemma-3-270m-q4_k_m.gguf, as shipped). Default: all.
+#       model itself), gemma3-Q4_K_M (models/gemma-3-270m-q4_k_m.gguf, as shipped) and
+#       gemma3-Q4_K_M-swa-full (the same with llama-server --swa-full). Default: all.
 #       For each file it starts `llama-server -m FILE --host 127.0.0.1 --port PORT -t 2 -np 1
 #       -c 4096 --no-webui` (one at a time; killed by a trap afterwards), waits for /health, and
 #       runs greedy POST /completion (prompt as token ids, n_predict 32, temperature 0, top_k 1,
@@ -56,7 +57,7 @@ types=(Q8_0 Q4_0 Q5_1 Q4_K_M Q5_K_M Q6_K F16)
 
 usage() {
     echo "usage: scripts/quant-parity.sh files [--update-manifest] | refs [LABEL...]" >&2
-    echo "  LABEL: ${types[*]} Q4_1 gemma3-Q4_K_M" >&2
+    echo "  LABEL: ${types[*]} Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full" >&2
     exit 2
 }
 
@@ -97,11 +98,15 @@ cleanup() {
     if [ -n "$server_log" ]; then rm -f "$server_log"; fi
 }
 
-# ref_one LABEL FILE FAMILY SOURCE-DESCRIPTION
+# ref_one LABEL FILE FAMILY SOURCE-DESCRIPTION [LLAMA-SERVER-ARG...]
 ref_one() {
     local label="$1" file="$2" family="$3" source="$4" port
+    shift 4
+    local extra=("$@")
+    # shellcheck disable=SC2206 # word splitting of the experiment arguments is wanted
+    extra+=(${INFERD_QUANT_SERVER_ARGS:-})
     port="${INFERD_QUANT_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
-    local cmd=("$bin/llama-server" -m "$file" --host 127.0.0.1 --port "$port" -t 2 -np 1 -c 4096 --no-webui ${INFERD_QUANT_SERVER_ARGS:-})
+    local cmd=("$bin/llama-server" -m "$file" --host 127.0.0.1 --port "$port" -t 2 -np 1 -c 4096 --no-webui "${extra[@]}")
     echo "quant-parity: $label: starting llama-server on port $port" >&2
     "${cmd[@]}" >"$server_log" 2>&1 &
     server_pid=$!
@@ -112,13 +117,13 @@ ref_one() {
     python3 "$helper" refs-one --url "http://127.0.0.1:$port" --model "$file" --label "$label" \
         --family "$family" --out "$refs/$label.json" --bin "$bin" \
         --build-info "$lldir/build-info.txt" --model-source "$source" \
-        --server-cmd "llama-server -m $(basename "$file") --host 127.0.0.1 --port PORT -t 2 -np 1 -c 4096 --no-webui${INFERD_QUANT_SERVER_ARGS:+ $INFERD_QUANT_SERVER_ARGS}"
+        --server-cmd "llama-server -m $(basename "$file") --host 127.0.0.1 --port PORT -t 2 -np 1 -c 4096 --no-webui${extra[*]:+ ${extra[*]}}"
     stop_server
 }
 
 do_refs() {
     local labels=("$@")
-    [ ${#labels[@]} -gt 0 ] || labels=("${types[@]}" Q4_1 gemma3-Q4_K_M)
+    [ ${#labels[@]} -gt 0 ] || labels=("${types[@]}" Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full)
     do_files
     bin="$("$root/scripts/llamacpp.sh" bin)"
     mkdir -p "$refs"
@@ -132,6 +137,11 @@ do_refs() {
             gemma3-Q4_K_M)
                 [ -f "$gemma" ] || "$root/scripts/fetch-model.sh" gemma3 >&2
                 ref_one "$label" "$gemma" gemma3 "the second model as shipped (scripts/fetch-model.sh gemma3)" ;;
+            gemma3-Q4_K_M-swa-full)
+                # llama-server keeping the whole history of the sliding-window layers,
+                # as inferd's KV pool does (llama.cpp's default SWA cache rounds otherwise).
+                [ -f "$gemma" ] || "$root/scripts/fetch-model.sh" gemma3 >&2
+                ref_one "$label" "$gemma" gemma3 "the second model as shipped (scripts/fetch-model.sh gemma3), llama-server --swa-full" --swa-full ;;
             *)
                 [[ " ${types[*]} " == *" $label "* ]] || usage
                 ref_one "$label" "$qdir/$stem.$label.gguf" smollm2 \

@@ -14,8 +14,8 @@
 //!   values — widened, then an f64 sum); the result is `sumf` rounded to f32.
 
 use crate::half::{f16_to_f32, le_f16};
-use crate::lanes::f32x16_dot_main;
-use crate::{act, GgmlType, Isa, Quant};
+use crate::lanes::{f32x16_dot_main, sgemm_dot};
+use crate::{act, Activations, GgmlType, Isa, Path, Quant};
 
 /// The F16 weight type.
 pub struct F16Weights;
@@ -61,6 +61,25 @@ impl Quant for F16Weights {
         let _ = isa;
         let main = f32x16_dot_main(np, |i| le_f16(w, 2 * i), |i| f16_to_f32(a[i]));
         tail(main, w, a, np)
+    }
+
+    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]); the compiler
+    /// vectorizes the sixteen independent lanes, so one portable loop serves every ISA.
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<act::F16>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        if path != Path::Sgemm {
+            return Self::vec_dot_rows(isa, w, a, rows, out);
+        }
+        for (o, j) in out.iter_mut().zip(rows) {
+            let y = a.row(j);
+            *o = sgemm_dot(y.len(), |i| le_f16(w, 2 * i), |i| f16_to_f32(y[i]));
+        }
     }
 }
 

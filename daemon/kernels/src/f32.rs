@@ -13,8 +13,8 @@
 //!   (`vmulps`) and then added one by one (`vaddss`); only those last ones, left to the
 //!   scalar epilogue, are contracted into `fma(x, y, sumf)`.
 
-use crate::lanes::f32x16_dot_main;
-use crate::{act, GgmlType, Isa, Quant};
+use crate::lanes::{f32x16_dot_main, sgemm_dot};
+use crate::{act, Activations, GgmlType, Isa, Path, Quant};
 
 /// The F32 weight type.
 pub struct F32Weights;
@@ -68,6 +68,25 @@ impl Quant for F32Weights {
         }
         let _ = isa;
         tail(f32x16_dot_main(np, |i| value(w, i), |i| a[i]), w, a, np)
+    }
+
+    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]), one portable loop
+    /// (sixteen independent lanes the compiler vectorizes).
+    fn path_rows(
+        isa: Isa,
+        path: Path,
+        w: &[u8],
+        a: &Activations<act::F32>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        if path != Path::Sgemm {
+            return Self::vec_dot_rows(isa, w, a, rows, out);
+        }
+        for (o, j) in out.iter_mut().zip(rows) {
+            let y = a.row(j);
+            *o = sgemm_dot(y.len(), |i| value(w, i), |i| y[i]);
+        }
     }
 }
 

@@ -133,7 +133,7 @@ mod x86 {
 const PASS: usize = 16;
 
 /// `out[i] = w · a_{rows.start + i}` along `path`. [`Path::VecDot`] is the type's own
-/// `vec_dot` and is not taken here (callers dispatch it; given, it computes as Tiled). Gemv and Gemm exist for Q4_K only (llama.cpp repacks Q2_K
+/// `vec_dot` and is not taken here (callers dispatch it; given, or given [`Path::Sgemm`], which is for float weights, it computes as Tiled). Gemv and Gemm exist for Q4_K only (llama.cpp repacks Q2_K
 /// too, on AVX-512; that order is not followed here, see [`crate::q2_k`]).
 pub fn rows<Q: KQuant>(
     isa: Isa,
@@ -154,7 +154,7 @@ pub fn rows<Q: KQuant>(
                 let ab = &a.row(j0 + r)[b];
                 let qs = quarter_sums(isa, &k, ab, Q::BIAS);
                 match path {
-                    Path::Tiled | Path::VecDot => {
+                    Path::Tiled | Path::VecDot | Path::Sgemm => {
                         let s1: i32 = qs.iter().map(|q| q.0).sum();
                         let mut res = s1 as f32 * k.d;
                         if Q::HAS_MIN {
@@ -181,7 +181,7 @@ pub fn rows<Q: KQuant>(
         for ((o, &acc), &acc_m) in o.iter_mut().zip(&acc).zip(&acc_m) {
             *o = match path {
                 Path::Gemv | Path::Gemm => acc - acc_m,
-                Path::Tiled | Path::VecDot => acc,
+                Path::Tiled | Path::VecDot | Path::Sgemm => acc,
             };
         }
     }

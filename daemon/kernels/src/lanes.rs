@@ -201,6 +201,21 @@ pub fn reduce_add_16(v: &Lanes16) -> f32 {
     hsum_float_8(&t)
 }
 
+/// llamafile's tinyBLAS order for one output (`tinyBLAS::gemm_bloc` with `KN = 16`,
+/// `ggml-cpu/llamafile/sgemm.cpp`): sixteen lanes `acc_l = fma(x_i, y_i, acc_l)` over
+/// `i = 16 s + l` for the steps `s` in order, then `_mm512_reduce_add_ps`
+/// ([`reduce_add_16`]). `n` must be a multiple of 16.
+#[inline(always)]
+pub fn sgemm_dot(n: usize, x: impl Fn(usize) -> f32, y: impl Fn(usize) -> f32) -> f32 {
+    let mut acc: Lanes16 = [0.0; 16];
+    for s in (0..n).step_by(16) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = x(s + l).mul_add(y(s + l), *a);
+        }
+    }
+    reduce_add_16(&acc)
+}
+
 /// `GGML_F32x16_REDUCE` (= `GGML_F32Cx16_REDUCE`) over the four accumulators:
 /// `s0 += s2; s1 += s3; s0 += s1`, then `_mm512_reduce_add_ps(s0)`.
 #[inline(always)]

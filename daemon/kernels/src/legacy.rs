@@ -113,7 +113,7 @@ macro_rules! legacy_quant {
             ) {
                 match path {
                     $crate::Path::Gemv | $crate::Path::Gemm => $rep(w, a, rows, out, $bytes, $unpack),
-                    $crate::Path::VecDot | $crate::Path::Tiled => {
+                    $crate::Path::VecDot | $crate::Path::Tiled | $crate::Path::Sgemm => {
                         <Self as $crate::Quant>::vec_dot_rows(isa, w, a, rows, out)
                     }
                 }

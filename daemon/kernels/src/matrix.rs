@@ -301,7 +301,10 @@ impl QuantMatrix {
     /// micro-batches ([`paths::path`]).
     pub fn paths(&self, batch: &[BatchRow]) -> Vec<Path> {
         let ty = self.ty();
-        batch.iter().map(|&r| paths::path(ty, self.n, r)).collect()
+        batch
+            .iter()
+            .map(|&r| paths::path(ty, self.n, self.k, r))
+            .collect()
     }
 
     /// Converts activations as [`Self::quantize`], row `j` as `paths[j]` quantizes it.

@@ -10,6 +10,11 @@
 //!   runs `ggml_gemm_*` on the first `ne11 − ne11 % 4` activation rows (quantized four at
 //!   a time by `ggml_quantize_mat_*_4x8`) and `ggml_gemv_*` on the remaining ones
 //!   ([`Path::Gemm`], [`Path::Gemv`]).
+//! - **llamafile's tinyBLAS** (`ggml-cpu/llamafile/sgemm.cpp`, `llamafile_sgemm`): F16
+//!   and F32 weights when the micro-batch has at least 2 rows and `k` is a multiple of
+//!   the 16-float vector ([`Path::Sgemm`]; BF16 too, with `vdpbf16ps` over 32 values,
+//!   not followed here: its rows keep `vec_dot`). The quantized types it also takes
+//!   (Q8_0, Q5_0, …) sum as their `vec_dot` does, so they keep that path.
 //! - **Tiled** K-quants (`ggml-cpu/tiled/tiled.cpp`, `ggml_compute_forward_mul_mat_tiled`):
 //!   Q2_K–Q6_K matrices that are not repacked, when the micro-batch has at least 8 rows
 //!   ([`Path::Tiled`]).
@@ -33,6 +38,9 @@ pub enum Path {
     /// `ggml_gemm_<w>_8x8_<a>` on repacked weights, activations quantized four rows at a
     /// time (`ggml_quantize_mat_<a>_4x8`).
     Gemm,
+    /// llamafile's tinyBLAS: one sixteen-lane accumulator per output, `fma` over steps
+    /// of 16 values, then `_mm512_reduce_add_ps` (`tinyBLAS::gemm_bloc`, `hsum`).
+    Sgemm,
 }
 
 /// One activation row's place in llama.cpp's micro-batch (`ubatch`): row `index` of
@@ -58,9 +66,16 @@ pub fn repacked(ty: GgmlType, n: usize) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q2K) && n.is_multiple_of(8)
 }
 
-/// llama.cpp's kernel for `row` of a product with a `ty` matrix of `n` rows.
-pub fn path(ty: GgmlType, n: usize, row: BatchRow) -> Path {
-    if repacked(ty, n) {
+/// llama.cpp's kernel for `row` of a product with a `ty` matrix of `n` rows of `k`
+/// values.
+pub fn path(ty: GgmlType, n: usize, k: usize, row: BatchRow) -> Path {
+    if matches!(ty, GgmlType::F16 | GgmlType::F32) {
+        if row.len >= 2 && k.is_multiple_of(16) {
+            Path::Sgemm
+        } else {
+            Path::VecDot
+        }
+    } else if repacked(ty, n) {
         if row.index < row.len - row.len % 4 {
             Path::Gemm
         } else {
@@ -83,6 +98,11 @@ mod tests {
 
     #[test]
     fn llama_cpp_choices() {
+        let path = |ty, n, row| super::path(ty, n, 576, row);
+        assert_eq!(path(GgmlType::F16, 576, row(0, 2)), Path::Sgemm);
+        assert_eq!(path(GgmlType::F16, 576, BatchRow::SINGLE), Path::VecDot);
+        assert_eq!(super::path(GgmlType::F32, 8, 40, row(0, 9)), Path::VecDot);
+        assert_eq!(path(GgmlType::Bf16, 576, row(0, 9)), Path::VecDot);
         // Repacked Q4_K (576 rows): gemm for whole groups of four, gemv for the tail.
         assert_eq!(path(GgmlType::Q4K, 576, row(0, 7)), Path::Gemm);
         assert_eq!(path(GgmlType::Q4K, 576, row(3, 7)), Path::Gemm);

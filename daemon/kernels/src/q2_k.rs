@@ -58,7 +58,9 @@ impl Quant for Q2K {
         out: &mut [f32],
     ) {
         match path {
-            Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            Path::VecDot | Path::Gemv | Path::Gemm | Path::Sgemm => {
+                Self::vec_dot_rows(isa, w, a, rows, out)
+            }
             Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
         }
     }

@@ -68,7 +68,9 @@ impl Quant for Q6K {
         out: &mut [f32],
     ) {
         match path {
-            Path::VecDot | Path::Gemv | Path::Gemm => Self::vec_dot_rows(isa, w, a, rows, out),
+            Path::VecDot | Path::Gemv | Path::Gemm | Path::Sgemm => {
+                Self::vec_dot_rows(isa, w, a, rows, out)
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
             Path::Tiled if isa.has_avx2() => unsafe { in_tiles::<_, avx2::Tiled>(w, a, rows, out) },

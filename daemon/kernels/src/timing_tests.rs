@@ -132,6 +132,7 @@ fn timing() {
                     Path::Tiled => "tiled",
                     Path::Gemv => "gemv",
                     Path::Gemm => "gemm",
+                    Path::Sgemm => "sgemm",
                 };
                 let act = m
                     .quantize_for(&random(rows * k, 9), rows, &paths)

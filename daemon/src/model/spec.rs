@@ -243,6 +243,12 @@ pub struct ModelSpec {
     pub window: Vec<Option<usize>>,
     /// Attention score scale (`1/√head_dim`, or Gemma's `query_pre_attn_scalar^-½`).
     pub attn_scale: f32,
+    /// The scale is applied to the queries before attention, which then scales scores
+    /// by 1: llama.cpp's Gemma 3 graph (`ggml_scale(Qcur, f_attention_scale)` and
+    /// `kq_scale = 1` in `src/models/gemma3.cpp`). Equal in exact arithmetic; it rounds
+    /// differently where the query is converted to f16 (values that become f16
+    /// subnormals once scaled). transformers scales the scores (`false`).
+    pub q_prescaled: bool,
     /// q, k and v projections have biases (Qwen2).
     pub qkv_bias: bool,
     /// RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3).
@@ -444,6 +450,7 @@ mod tests {
             activation: Activation::Silu,
             window: vec![None; 2],
             attn_scale: 0.25,
+            q_prescaled: false,
             qkv_bias: false,
             qk_norm: false,
             post_norms: false,

@@ -53,7 +53,13 @@ impl Backend for TraceBackend<'_> {
 
     fn scale(&mut self, x: Rows, s: f32) -> candle_core::Result<Rows> {
         let x = self.inner.scale(x, s)?;
-        self.out.push(("inp_scaled".into(), x.v.clone()));
+        // The embedding scale comes first; later scales are the queries' (Gemma 3).
+        let name = if self.out.iter().any(|(n, _)| n == "inp_scaled") {
+            "q_scaled"
+        } else {
+            "inp_scaled"
+        };
+        self.out.push((name.into(), x.v.clone()));
         Ok(x)
     }
 

@@ -419,13 +419,18 @@ impl Model {
             k = be.head_norm(k, kn, s.norm_eps, s.n_kv_head)?;
         }
         let table = &self.rope[self.layer_rope[l]];
-        let q = be.rope(q, s.n_head, s.head_dim, table)?;
+        let mut q = be.rope(q, s.n_head, s.head_dim, table)?;
         let k = be.rope(k, s.n_kv_head, s.head_dim, table)?;
+        let mut scale = s.attn_scale;
+        if s.q_prescaled {
+            q = be.scale(q, scale)?;
+            scale = 1.0;
+        }
         let shape = AttnShape {
             n_head: s.n_head,
             n_kv_head: s.n_kv_head,
             head_dim: s.head_dim,
-            scale: s.attn_scale,
+            scale,
             window: s.window[l],
         };
         let y = be.attention(l, q, k, v, shape)?;

@@ -34,7 +34,7 @@ fn quant_dir() -> PathBuf {
 fn model_path(label: &str, file: &str) -> PathBuf {
     match label {
         "Q4_1" => default_model_path(),
-        "gemma3-Q4_K_M" => workspace_root().join("models").join(file),
+        "gemma3-Q4_K_M" | "gemma3-Q4_K_M-swa-full" => workspace_root().join("models").join(file),
         _ => quant_dir().join(file),
     }
 }
@@ -72,15 +72,21 @@ struct FileResult {
 ///   chooses them (`inferd_kernels::paths`, `model::ubatch`) — so every prompt matches
 ///   in full and the probabilities agree to llama-server's f32 softmax as the JSON
 ///   records it (≤ 2.5e-4 measured).
-/// - F16: decode is bit-exact; llama.cpp's multi-row F16 products (the prompt) run
-///   llamafile's tinyBLAS, whose summation order we do not reproduce yet.
-/// - gemma3-Q4_K_M: every prompt matches in full; some Gemma 3 op still rounds
-///   differently (probabilities within 0.06).
-const GOALS: [(&str, usize, f64); 9] = [
+/// - F16: the same, with llamafile's tinyBLAS order for the prompt's products.
+/// - gemma3-Q4_K_M-swa-full: against llama-server `--swa-full`, which keeps the whole
+///   history of the sliding-window layers as our pool does, every tensor is bit-equal
+///   (trace) and the probabilities agree to the f32 softmax over 262,144 logits
+///   (8.3e-4 measured).
+/// - gemma3-Q4_K_M: llama-server's default, a window-sized cache for those layers:
+///   every prompt still matches in full, but llama.cpp's own probabilities move by up
+///   to 0.043 from its `--swa-full` run (a rounding difference inside llama.cpp that we
+///   do not follow: our pool keeps the whole history).
+const GOALS: [(&str, usize, f64); 10] = [
     ("Q4_1", 7, 1e-3),
     ("Q5_1", 7, 1e-3),
     ("Q8_0", 7, 1e-3),
-    ("F16", 7, 0.005),
+    ("F16", 7, 1e-3),
+    ("gemma3-Q4_K_M-swa-full", 8, 2e-3),
     ("gemma3-Q4_K_M", 8, 0.06),
     ("Q4_0", 7, 1e-3),
     ("Q4_K_M", 7, 1e-3),
@@ -248,6 +254,11 @@ fn q6_k_matches_llama_cpp() {
 #[test]
 fn f16_matches_llama_cpp() {
     run("F16");
+}
+
+#[test]
+fn gemma3_q4_k_m_matches_llama_cpp_swa_full() {
+    run("gemma3-Q4_K_M-swa-full");
 }
 
 #[test]

@@ -253,6 +253,7 @@ impl GgufSource {
             },
             window,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            q_prescaled: gemma,
             qkv_bias: self.dims("blk.0.attn_q.bias").is_some(),
             qk_norm: self.dims("blk.0.attn_q_norm.weight").is_some(),
             post_norms: gemma,

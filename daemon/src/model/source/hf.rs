@@ -460,6 +460,7 @@ impl HfSource {
             activation,
             window: self.windows(n_layer)?,
             attn_scale,
+            q_prescaled: false,
             qkv_bias: self.arch == Architecture::Qwen2
                 || self.bool_key("attention_bias")?.unwrap_or(false),
             qk_norm: matches!(
