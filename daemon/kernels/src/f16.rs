@@ -63,8 +63,8 @@ impl Quant for F16Weights {
         tail(main, w, a, np)
     }
 
-    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]); the compiler
-    /// vectorizes the sixteen independent lanes, so one portable loop serves every ISA.
+    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]; AVX2 holds the sixteen
+    /// lanes in two registers).
     fn path_rows(
         isa: Isa,
         path: Path,
@@ -78,6 +78,14 @@ impl Quant for F16Weights {
         }
         for (o, j) in out.iter_mut().zip(rows) {
             let y = a.row(j);
+            assert!(w.len() >= 2 * y.len() && y.len().is_multiple_of(16));
+            #[cfg(target_arch = "x86_64")]
+            if isa.has_avx2() {
+                // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected; the loads
+                // stay within both rows (checked above).
+                *o = unsafe { x86::sgemm_avx2(w, y) };
+                continue;
+            }
             *o = sgemm_dot(y.len(), |i| le_f16(w, 2 * i), |i| f16_to_f32(y[i]));
         }
     }
@@ -85,7 +93,7 @@ impl Quant for F16Weights {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::lanes::x86::{f32x16_reduce, f32x16_reduce_512};
+    use crate::lanes::x86::{f32x16_reduce, f32x16_reduce_512, reduce_add_16};
     use crate::lanes::{F32X16_ARR, F32X16_STEP};
     use std::arch::x86_64::*;
 
@@ -119,6 +127,18 @@ mod x86 {
         f32x16_reduce(&sum)
     }
 
+    /// tinyBLAS's sixteen lanes as two `__m256`, then `_mm512_reduce_add_ps`'s order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn sgemm_avx2(w: &[u8], a: &[u16]) -> f32 {
+        let (x, y) = (w.as_ptr() as *const u16, a.as_ptr());
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for l in (0..a.len()).step_by(16) {
+            lo = _mm256_fmadd_ps(load8(x.add(l)), load8(y.add(l)), lo);
+            hi = _mm256_fmadd_ps(load8(x.add(l + 8)), load8(y.add(l + 8)), hi);
+        }
+        reduce_add_16(lo, hi)
+    }
+
     /// ggml's own main loop (`__m512`).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn main_avx512(w: &[u8], a: &[u16], np: usize) -> f32 {
@@ -136,6 +156,37 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use crate::{Activations, Isa, Path, Quant};
+
+    #[test]
+    fn sgemm_path_is_the_same_on_every_isa() {
+        use crate::testing::{quantize, random};
+        let (n, k, r) = (3, 96, 5);
+        let (w, _) = quantize(
+            &random(n * k, 1),
+            n,
+            k,
+            candle_core::quantized::GgmlDType::F16,
+        );
+        let a = Activations::<crate::act::F16>::quantize(&random(r * k, 2), r, k).expect("a");
+        for wr in w.chunks_exact(2 * k) {
+            let mut want = vec![0f32; r];
+            super::F16Weights::path_rows(Isa::Portable, Path::Sgemm, wr, &a, 0..r, &mut want);
+            for isa in Isa::available() {
+                let mut got = vec![0f32; r];
+                super::F16Weights::path_rows(isa, Path::Sgemm, wr, &a, 0..r, &mut got);
+                assert_eq!(got, want, "{}", isa.name());
+            }
+            // tinyBLAS sums in another order than vec_dot, within f32 rounding of it.
+            let v = super::F16Weights::vec_dot(Isa::Portable, wr, a.row(0));
+            assert!(
+                (v - want[0]).abs() <= 1e-4 * v.abs().max(1.0),
+                "{v} vs {}",
+                want[0]
+            );
+        }
+    }
+
     #[test]
     fn kernels_agree_and_match_dequantized_dot() {
         crate::testing::check_type::<super::F16Weights>(candle_core::quantized::GgmlDType::F16);

@@ -61,7 +61,8 @@ pub fn repacked_rows(
 /// activations `$act` (`Q8_0` for the signed family, `Q8_1` with a minimum), `$unpack`
 /// giving the block's 32 values as `i8` (`q − offset` signed, or unsigned `q`), `$deq`
 /// the dequantization of one value, and the module's `avx2::Avx2` tile; `repacked` for
-/// the type llama.cpp repacks (Q4_0: [`repacked_rows`] on its Gemv and Gemm paths).
+/// the type llama.cpp repacks (Q4_0: its `repacked_rows(isa, w, a, rows, out)`, in
+/// [`repacked_rows`]'s order, on its Gemv and Gemm paths).
 macro_rules! legacy_quant {
     ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)?) => {
         impl $crate::Quant for $t {
@@ -112,7 +113,7 @@ macro_rules! legacy_quant {
                 out: &mut [f32],
             ) {
                 match path {
-                    $crate::Path::Gemv | $crate::Path::Gemm => $rep(w, a, rows, out, $bytes, $unpack),
+                    $crate::Path::Gemv | $crate::Path::Gemm => $rep(isa, w, a, rows, out),
                     $crate::Path::VecDot | $crate::Path::Tiled | $crate::Path::Sgemm => {
                         <Self as $crate::Quant>::vec_dot_rows(isa, w, a, rows, out)
                     }

@@ -36,8 +36,25 @@ crate::legacy::legacy_quant!(
     unpack,
     crate::legacy::signed_dot,
     |b, q| f32::from(q) * le_f16(b, 0),
-    repacked: crate::legacy::repacked_rows
+    repacked: repacked_rows
 );
+
+/// [`crate::legacy::repacked_rows`], through the AVX2 tile when the CPU has it.
+fn repacked_rows(
+    isa: crate::Isa,
+    w: &[u8],
+    a: &crate::Activations<crate::act::Q8_0>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+        return unsafe { crate::tiles::in_tiles::<_, avx2::Repacked>(w, a, rows, out) };
+    }
+    let _ = isa;
+    crate::legacy::repacked_rows(w, a, rows, out, BYTES, unpack);
+}
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -46,7 +63,7 @@ mod avx2 {
     use super::BYTES;
     use crate::act::Q8Block;
     use crate::lanes::x86::bytes_from_nibbles_32;
-    use crate::tiles::x86::{signed_dots, LegacyBlock};
+    use crate::tiles::x86::{repacked_dots, signed_dots, LegacyBlock};
     use crate::tiles::RowTile;
     use std::arch::x86_64::*;
 
@@ -67,10 +84,46 @@ mod avx2 {
             signed_dots::<Self, R>(w, a)
         }
     }
+
+    /// The repacked kernels' order ([`repacked_dots`]).
+    pub(super) struct Repacked;
+
+    impl RowTile for Repacked {
+        type Block = Q8Block;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8Block]; R]) -> [f32; R] {
+            repacked_dots::<Avx2, R>(w, a)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::{Activations, Isa, Path, Quant};
+
+    #[test]
+    fn repacked_path_is_the_same_on_every_isa() {
+        use crate::testing::{quantize, random};
+        let (n, k, r) = (3, 160, 13);
+        let (w, _) = quantize(
+            &random(n * k, 1),
+            n,
+            k,
+            candle_core::quantized::GgmlDType::Q4_0,
+        );
+        let a = Activations::<crate::act::Q8_0>::quantize(&random(r * k, 2), r, k).expect("a");
+        for wr in w.chunks_exact(w.len() / n) {
+            let mut want = vec![0f32; r];
+            crate::legacy::repacked_rows(wr, &a, 0..r, &mut want, super::BYTES, super::unpack);
+            for isa in Isa::available() {
+                for p in [Path::Gemv, Path::Gemm] {
+                    let mut got = vec![0f32; r];
+                    super::Q4_0::path_rows(isa, p, wr, &a, 0..r, &mut got);
+                    assert_eq!(got, want, "{} {p:?}", isa.name());
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernels_agree_and_match_dequantized_dot() {
         crate::testing::check_type::<super::Q4_0>(candle_core::quantized::GgmlDType::Q4_0);

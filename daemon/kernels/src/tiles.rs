@@ -96,7 +96,7 @@ pub mod x86 {
     //! activations; each type gives only its block unpacking.
     use super::blocks;
     use crate::act::Q8Block;
-    use crate::lanes::x86::{f16_at, hsum_float_8, mul_sum_us8_pairs_float};
+    use crate::lanes::x86::{f16_at, hsum_float_8, hsum_i32_8, mul_sum_us8_pairs_float};
     use std::arch::x86_64::*;
 
     /// A legacy block whose 32 values the AVX2 code holds as one vector of bytes.
@@ -144,6 +144,36 @@ pub mod x86 {
             out[r] = hsum_float_8(acc[r]);
         }
         out
+    }
+
+    /// [`crate::legacy::repacked_rows`]'s order for `R` activation rows: per block the
+    /// exact integer `Σ q·y` (the lanes of `mul_sum_i8_pairs`, summed) and `acc_r =
+    /// fma(f32(sum), f16→f32(d_w) · d_a, acc_r)`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn repacked_dots<U: LegacyBlock, const R: usize>(
+        w: &[u8],
+        a: [&[Q8Block]; R],
+    ) -> [f32; R] {
+        let n = blocks(w, U::BYTES, &a);
+        let mut acc = [0f32; R];
+        let ones = _mm256_set1_epi16(1);
+        for i in 0..n {
+            let p = w.as_ptr().add(i * U::BYTES);
+            let dw = f16_at(p);
+            let qx = U::values(p);
+            let ax = _mm256_sign_epi8(qx, qx);
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let dot = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy, qx));
+                let sum = hsum_i32_8(_mm256_madd_epi16(ones, dot));
+                acc[r] = (sum as f32).mul_add(dw * ab.d, acc[r]);
+            }
+        }
+        acc
     }
 
     /// ggml's `ggml_vec_dot_{q4_1,q5_1}_q8_1` for `R` activation rows: per block and
