@@ -61,10 +61,11 @@ pub fn repacked_rows(
 /// activations `$act` (`Q8_0` for the signed family, `Q8_1` with a minimum), `$unpack`
 /// giving the block's 32 values as `i8` (`q − offset` signed, or unsigned `q`), `$deq`
 /// the dequantization of one value, and the module's `avx2::Avx2` tile; `repacked` for
+/// the signed types' AVX-512 VNNI tile `vnni` ([`crate::tiles::x86::Vnni`]), and for
 /// the type llama.cpp repacks (Q4_0: its `repacked_rows(isa, w, a, rows, out)`, in
 /// [`repacked_rows`]'s order, on its Gemv and Gemm paths).
 macro_rules! legacy_quant {
-    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)?) => {
+    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)? $(, vnni: $vnni:ty)?) => {
         impl $crate::Quant for $t {
             const TYPE: $crate::GgmlType = $ggml;
             const BLOCK_VALUES: usize = 32;
@@ -79,6 +80,13 @@ macro_rules! legacy_quant {
             }
 
             fn vec_dot(isa: $crate::Isa, w: &[u8], a: &[$crate::act::Q8Block]) -> f32 {
+                $(
+                #[cfg(target_arch = "x86_64")]
+                if isa == $crate::Isa::Avx512 {
+                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+                    return unsafe { <$vnni as $crate::tiles::RowTile>::dots::<1>(w, [a])[0] };
+                }
+                )?
                 #[cfg(target_arch = "x86_64")]
                 if isa.has_avx2() {
                     // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
@@ -95,6 +103,13 @@ macro_rules! legacy_quant {
                 rows: std::ops::Range<usize>,
                 out: &mut [f32],
             ) {
+                $(
+                #[cfg(target_arch = "x86_64")]
+                if isa == $crate::Isa::Avx512 {
+                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+                    return unsafe { $crate::tiles::in_tiles::<_, $vnni>(w, a, rows, out) };
+                }
+                )?
                 #[cfg(target_arch = "x86_64")]
                 if isa.has_avx2() {
                     // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.

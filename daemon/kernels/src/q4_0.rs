@@ -36,7 +36,8 @@ crate::legacy::legacy_quant!(
     unpack,
     crate::legacy::signed_dot,
     |b, q| f32::from(q) * le_f16(b, 0),
-    repacked: repacked_rows
+    repacked: repacked_rows,
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
 );
 
 /// [`crate::legacy::repacked_rows`], through the AVX2 tile when the CPU has it.

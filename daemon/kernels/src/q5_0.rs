@@ -30,7 +30,8 @@ crate::legacy::legacy_quant!(
     Q8_0,
     unpack,
     crate::legacy::signed_dot,
-    |b, q| f32::from(q) * le_f16(b, 0)
+    |b, q| f32::from(q) * le_f16(b, 0),
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -39,7 +40,7 @@ mod avx2 {
     //! (`vec_dot`) or a tile of rows.
     use super::BYTES;
     use crate::act::Q8Block;
-    use crate::lanes::x86::bytes_from_q5_32;
+    use crate::lanes::x86::{bytes_from_nibbles_32, bytes_from_q5_32};
     use crate::tiles::x86::{signed_dots, LegacyBlock};
     use crate::tiles::RowTile;
     use std::arch::x86_64::*;
@@ -52,6 +53,16 @@ mod avx2 {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn values(p: *const u8) -> __m256i {
             _mm256_sub_epi8(bytes_from_q5_32(p.add(6), p.add(2)), _mm256_set1_epi8(16))
+        }
+        /// The same bytes with the high bits as a mask register: byte `j` is the nibble
+        /// where bit `j` of `qh` is set, the nibble − 16 where it is not (ggml's
+        /// `or(nibbles, andnot(bits, 0xf0))`).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn values_512(p: *const u8) -> __m256i {
+            let nib = bytes_from_nibbles_32(p.add(6));
+            let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+            _mm256_mask_mov_epi8(_mm256_sub_epi8(nib, _mm256_set1_epi8(16)), qh, nib)
         }
     }
 

@@ -26,7 +26,8 @@ crate::legacy::legacy_quant!(
     Q8_0,
     unpack,
     crate::legacy::signed_dot,
-    |b, q| f32::from(q) * le_f16(b, 0)
+    |b, q| f32::from(q) * le_f16(b, 0),
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
 );
 
 #[cfg(target_arch = "x86_64")]

@@ -109,6 +109,60 @@ pub mod x86 {
         /// # Safety
         /// AVX2 and FMA; `p` readable for `BYTES` bytes.
         unsafe fn values(p: *const u8) -> __m256i;
+        /// [`Self::values`] where AVX-512 BW/VL may be used (mask registers); the same
+        /// bytes.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL, AVX2 and FMA; `p` readable for `BYTES` bytes.
+        #[inline]
+        unsafe fn values_512(p: *const u8) -> __m256i {
+            Self::values(p)
+        }
+    }
+
+    /// [`signed_dots`] on an AVX-512 VNNI CPU for type `U` (see [`signed_dots_vnni`]).
+    pub struct Vnni<U>(std::marker::PhantomData<U>);
+
+    impl<U: LegacyBlock> super::RowTile for Vnni<U> {
+        type Block = Q8Block;
+        unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8Block]; R]) -> [f32; R] {
+            signed_dots_vnni::<U, R>(w, a)
+        }
+    }
+
+    /// [`signed_dots`] with the integer lanes from `vpdpbusd` (llama.cpp's AVX-512 VNNI
+    /// build computes `mul_sum_us8_pairs_float` so: exact four-product sums, the same
+    /// values as `maddubs` + `madd`) and the block's values from
+    /// [`LegacyBlock::values_512`]; the float operations are unchanged.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn signed_dots_vnni<U: LegacyBlock, const R: usize>(
+        w: &[u8],
+        a: [&[Q8Block]; R],
+    ) -> [f32; R] {
+        let n = blocks(w, U::BYTES, &a);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for i in 0..n {
+            let p = w.as_ptr().add(i * U::BYTES);
+            let dw = f16_at(p);
+            let qx = U::values_512(p);
+            let ax = _mm256_sign_epi8(qx, qx);
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                let d = _mm256_set1_ps(dw * ab.d);
+                let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let sy = _mm256_sign_epi8(qy, qx);
+                let v = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+                acc[r] = _mm256_fmadd_ps(d, v, acc[r]);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum_float_8(acc[r]);
+        }
+        out
     }
 
     /// ggml's `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` for `R` activation rows: per block
