@@ -78,17 +78,13 @@ impl<A: ActFormat> Activations<A> {
         let per_row = k / A::BLOCK_VALUES;
         let mut blocks = vec![A::ZERO; rows * per_row];
         if per_row > 0 {
-            for (j, (x, out)) in xs
-                .chunks_exact(k)
-                .zip(blocks.chunks_exact_mut(per_row))
-                .enumerate()
-            {
-                if gemm(j) {
-                    A::quantize_row_gemm(x, out);
-                } else {
-                    A::quantize_row(x, out);
-                }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1") {
+                // SAFETY: the features were detected.
+                unsafe { quantize_rows_x86::<A>(xs, k, per_row, &mut blocks, &gemm) };
+                return Ok(Self { rows, k, blocks });
             }
+            quantize_rows::<A>(xs, k, per_row, &mut blocks, &gemm);
         }
         Ok(Self { rows, k, blocks })
     }
@@ -109,6 +105,46 @@ impl<A: ActFormat> Activations<A> {
         let per_row = self.k / A::BLOCK_VALUES;
         &self.blocks[j * per_row..(j + 1) * per_row]
     }
+}
+
+/// The rows of [`Activations::quantize_for`].
+#[inline(always)]
+fn quantize_rows<A: ActFormat>(
+    xs: &[f32],
+    k: usize,
+    per_row: usize,
+    blocks: &mut [A::Block],
+    gemm: &impl Fn(usize) -> bool,
+) {
+    for (j, (x, out)) in xs
+        .chunks_exact(k)
+        .zip(blocks.chunks_exact_mut(per_row))
+        .enumerate()
+    {
+        if gemm(j) {
+            A::quantize_row_gemm(x, out);
+        } else {
+            A::quantize_row(x, out);
+        }
+    }
+}
+
+/// [`quantize_rows`] compiled with FMA and SSE4.1, so that `mul_add` and
+/// `round_ties_even` are instructions instead of libm calls (the same results: both are
+/// exactly rounded).
+///
+/// # Safety
+/// The CPU must have FMA and SSE4.1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,sse4.1")]
+unsafe fn quantize_rows_x86<A: ActFormat>(
+    xs: &[f32],
+    k: usize,
+    per_row: usize,
+    blocks: &mut [A::Block],
+    gemm: &impl Fn(usize) -> bool,
+) {
+    quantize_rows::<A>(xs, k, per_row, blocks, gemm);
 }
 
 /// A Q8_0 or Q8_1 block: `d` and `s` already widened from their f16 (as ggml's dot
@@ -171,6 +207,7 @@ impl ActFormat for Q8_0 {
         d: 0.0,
         s: 0.0,
     };
+    #[inline(always)]
     fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
         for (xb, b) in x.chunks_exact(32).zip(out) {
             let d = q8_block(xb, &mut b.qs);

@@ -60,6 +60,7 @@ pub fn v_expf(x: f32) -> f32 {
 
 /// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
 /// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest.
+#[inline(always)]
 fn swiglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
     let vec = g.len() / 16 * 16;
     for (i, ((d, &x), &y)) in out.iter_mut().zip(g).zip(u).enumerate() {
@@ -89,6 +90,7 @@ fn gelu_table() -> &'static [u16] {
 
 /// One row of `ggml_vec_geglu_f32` (`vec.h`, `GGML_GELU_FP16` defined): `0` below −10,
 /// `x · u` from 10, otherwise the table's GELU of `f16(x)`, widened, times `u`.
+#[inline(always)]
 fn geglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
     let table = gelu_table();
     for ((d, &x), &y) in out.iter_mut().zip(g).zip(u) {
@@ -105,10 +107,31 @@ fn geglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
 
 /// `act(gate) · up` for one row, as ggml's fused GLU ops compute it.
 pub fn glu_row(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: FMA was detected.
+        return unsafe { glu_row_fma(act, g, u, out) };
+    }
+    glu_row_body(act, g, u, out);
+}
+
+#[inline(always)]
+fn glu_row_body(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     match act {
         Activation::Silu => swiglu_row(g, u, out),
         Activation::GeluTanh => geglu_row(g, u, out),
     }
+}
+
+/// [`glu_row`] compiled with FMA: `v_expf`'s `mul_add`s become instructions instead of
+/// libm `fmaf` calls (the same, exactly rounded, results).
+///
+/// # Safety
+/// The CPU must have FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn glu_row_fma(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
+    glu_row_body(act, g, u, out);
 }
 
 /// `ggml_rope_cache_init` (`ops.cpp`) for positions `0..max_pos`: `θ_scale =

@@ -294,6 +294,27 @@ fn hsum_float_8(acc: [f32; 8]) -> f32 {
 
 /// ggml's `quantize_row_q8_0` for `rows` rows of `k` values, plus the VNNI bias.
 fn quantize(xs: &[f32], rows: usize, k: usize) -> Q8_0Rows {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1") {
+        // SAFETY: the features were detected.
+        return unsafe { quantize_x86(xs, rows, k) };
+    }
+    quantize_body(xs, rows, k)
+}
+
+/// [`quantize`] compiled with FMA and SSE4.1 (`round_ties_even` as `roundps`, not a
+/// libm call; the same results).
+///
+/// # Safety
+/// The CPU must have FMA and SSE4.1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,sse4.1")]
+unsafe fn quantize_x86(xs: &[f32], rows: usize, k: usize) -> Q8_0Rows {
+    quantize_body(xs, rows, k)
+}
+
+#[inline(always)]
+fn quantize_body(xs: &[f32], rows: usize, k: usize) -> Q8_0Rows {
     let nb = k / QK;
     let mut act = Q8_0Rows {
         rows,
