@@ -11,6 +11,7 @@
 //! in key order; the output is `acc · (1 / S)`. Rows are independent of each other.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::ggml_ops::v_expf;
 use super::kv_pool::ForwardSeq;
@@ -82,6 +83,7 @@ fn tiled(
     let mut kt = vec![0f32; hd * TILE];
     let mut vt = vec![0f32; TILE * hd];
     let mut s = [0f32; TILE];
+    let mut krow = vec![0f32; hd];
     let max_keys = seq.start_pos + rows.end;
     // Keys any row of this range can see.
     let lo_all = shape
@@ -91,15 +93,12 @@ fn tiled(
         let kv = TILE.min(max_keys - t0);
         for tk in 0..kv {
             let j = t0 + tk;
-            for (d, x) in kc[offs[j]..offs[j] + hd].iter().enumerate() {
-                kt[d * TILE + tk] = x.to_f32();
+            // Slice conversions (F16C where the CPU has it; exact either way).
+            kc[offs[j]..offs[j] + hd].convert_to_f32_slice(&mut krow);
+            for (d, &x) in krow.iter().enumerate() {
+                kt[d * TILE + tk] = x;
             }
-            for (dst, x) in vt[tk * hd..(tk + 1) * hd]
-                .iter_mut()
-                .zip(&vc[offs[j]..offs[j] + hd])
-            {
-                *dst = x.to_f32();
-            }
+            vc[offs[j]..offs[j] + hd].convert_to_f32_slice(&mut vt[tk * hd..(tk + 1) * hd]);
         }
         for r in rows.clone() {
             let n_keys = seq.start_pos + r + 1;
