@@ -129,6 +129,48 @@ mod x86 {
     }
 }
 
+/// The `Quant::path_rows` of a K-quant whose only batched path is [`Path::Tiled`]
+/// (through `$tile`, its SIMD tile kernel for that order, when given and the CPU has
+/// AVX2; otherwise [`rows`]); every other path is its `vec_dot`.
+macro_rules! tiled_path_rows {
+    ($($tile:ty)?) => {
+        fn path_rows(
+            isa: $crate::Isa,
+            path: $crate::Path,
+            w: &[u8],
+            a: &$crate::Activations<$crate::act::Q8K>,
+            rows: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            if path != $crate::Path::Tiled {
+                return <Self as $crate::Quant>::vec_dot_rows(isa, w, a, rows, out);
+            }
+            $(
+            #[cfg(target_arch = "x86_64")]
+            if isa.has_avx2() {
+                // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
+                return unsafe { $crate::tiles::in_tiles::<_, $tile>(w, a, rows, out) };
+            }
+            )?
+            $crate::kbatch::rows::<Self>(isa, $crate::Path::Tiled, w, a, rows, out)
+        }
+    };
+}
+pub(crate) use tiled_path_rows;
+
+/// The [`KBlock`] of a Q4_K or Q5_K block: the twelve packed bytes of six-bit scales and
+/// mins at `scales` (each for 32 values), f16 `d` at 0 and `dmin` at 2, codes `u`.
+pub fn k4_style_block(b: &[u8], scales: usize, u: [i8; 256]) -> KBlock {
+    let (sc, mn) = crate::lanes::k4_scales_mins(&b[scales..scales + 12]);
+    KBlock {
+        u: u.map(|q| q as u8),
+        sc: std::array::from_fn(|g| i16::from(sc[g / 2])),
+        mn: std::array::from_fn(|g| i16::from(mn[g / 2])),
+        d: crate::half::le_f16(b, 0),
+        dmin: crate::half::le_f16(b, 2),
+    }
+}
+
 /// Rows handled per pass over a weight row's blocks (each block unpacked once per pass).
 const PASS: usize = 16;
 

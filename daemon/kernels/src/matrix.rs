@@ -326,14 +326,7 @@ impl QuantMatrix {
         features: Range<usize>,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        if features.end > self.n {
-            return Err(KernelError::Activations(format!(
-                "features {features:?} beyond {} rows",
-                self.n
-            )));
-        }
-        self.kernel
-            .matmul_range(isa, &self.data, self.row_bytes, act, features, &[], out)
+        self.matmul_range_paths(isa, act, features, &[], out)
     }
 
     /// [`Self::matmul_range`] with activation row `j` on llama.cpp's kernel `paths[j]`

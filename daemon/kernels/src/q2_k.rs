@@ -20,7 +20,7 @@ use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
 use crate::kbatch::{KBlock, KQuant};
 use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
-use crate::{Activations, GgmlType, Isa, Path, Quant};
+use crate::{GgmlType, Isa, Quant};
 
 /// The Q2_K weight type.
 pub struct Q2K;
@@ -49,21 +49,7 @@ impl Quant for Q2K {
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
 
-    fn path_rows(
-        isa: Isa,
-        path: Path,
-        w: &[u8],
-        a: &Activations<act::Q8K>,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-    ) {
-        match path {
-            Path::VecDot | Path::Gemv | Path::Gemm | Path::Sgemm => {
-                Self::vec_dot_rows(isa, w, a, rows, out)
-            }
-            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
-        }
-    }
+    crate::kbatch::tiled_path_rows!();
 
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let (d, min) = (le_f16(b, D), le_f16(b, DMIN));

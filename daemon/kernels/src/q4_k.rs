@@ -139,14 +139,7 @@ impl KQuant for Q4K {
     const BIAS: i32 = 0;
     const HAS_MIN: bool = true;
     fn k_block(b: &[u8]) -> KBlock {
-        let (sc, mn) = k4_scales_mins(&b[SCALES..SCALES + 12]);
-        KBlock {
-            u: unpack(b).map(|q| q as u8),
-            sc: std::array::from_fn(|g| i16::from(sc[g / 2])),
-            mn: std::array::from_fn(|g| i16::from(mn[g / 2])),
-            d: le_f16(b, 0),
-            dmin: le_f16(b, 2),
-        }
+        crate::kbatch::k4_style_block(b, SCALES, unpack(b))
     }
 }
 

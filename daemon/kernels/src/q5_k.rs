@@ -24,7 +24,7 @@ use crate::lanes::{fma_splat, hsum_float_8, k4_min_lanes, k4_scales_mins, k_lane
 use crate::tiles::each_row;
 #[cfg(target_arch = "x86_64")]
 use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Path, Quant};
+use crate::{Activations, GgmlType, Isa, Quant};
 use std::ops::Range;
 
 /// The Q5_K weight type.
@@ -56,21 +56,7 @@ impl Quant for Q5K {
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
 
-    fn path_rows(
-        isa: Isa,
-        path: Path,
-        w: &[u8],
-        a: &Activations<act::Q8K>,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-    ) {
-        match path {
-            Path::VecDot | Path::Gemv | Path::Gemm | Path::Sgemm => {
-                Self::vec_dot_rows(isa, w, a, rows, out)
-            }
-            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
-        }
-    }
+    crate::kbatch::tiled_path_rows!();
 
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let (d, min) = (le_f16(b, 0), le_f16(b, 2));
@@ -129,14 +115,7 @@ impl KQuant for Q5K {
     const BIAS: i32 = 0;
     const HAS_MIN: bool = true;
     fn k_block(b: &[u8]) -> KBlock {
-        let (sc, mn) = k4_scales_mins(&b[SCALES..SCALES + 12]);
-        KBlock {
-            u: unpack(b).map(|q| q as u8),
-            sc: std::array::from_fn(|g| i16::from(sc[g / 2])),
-            mn: std::array::from_fn(|g| i16::from(mn[g / 2])),
-            d: le_f16(b, 0),
-            dmin: le_f16(b, 2),
-        }
+        crate::kbatch::k4_style_block(b, SCALES, unpack(b))
     }
 }
 

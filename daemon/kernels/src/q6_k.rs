@@ -21,7 +21,7 @@ use crate::lanes::{fma_splat, hsum_float_8, k_lanes, madd_pairs, to_f32, Lanes};
 use crate::tiles::each_row;
 #[cfg(target_arch = "x86_64")]
 use crate::tiles::{in_tiles, RowTile};
-use crate::{Activations, GgmlType, Isa, Path, Quant};
+use crate::{Activations, GgmlType, Isa, Quant};
 use std::ops::Range;
 
 /// The Q6_K weight type.
@@ -59,24 +59,7 @@ impl Quant for Q6K {
     const BLOCK_BYTES: usize = BYTES;
     type Act = act::Q8K;
 
-    fn path_rows(
-        isa: Isa,
-        path: Path,
-        w: &[u8],
-        a: &Activations<act::Q8K>,
-        rows: std::ops::Range<usize>,
-        out: &mut [f32],
-    ) {
-        match path {
-            Path::VecDot | Path::Gemv | Path::Gemm | Path::Sgemm => {
-                Self::vec_dot_rows(isa, w, a, rows, out)
-            }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected.
-            Path::Tiled if isa.has_avx2() => unsafe { in_tiles::<_, avx2::Tiled>(w, a, rows, out) },
-            Path::Tiled => crate::kbatch::rows::<Self>(isa, Path::Tiled, w, a, rows, out),
-        }
-    }
+    crate::kbatch::tiled_path_rows!(avx2::Tiled);
 
     fn dequantize_block(b: &[u8], out: &mut [f32]) {
         let d = le_f16(b, D);

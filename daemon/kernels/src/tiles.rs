@@ -142,27 +142,7 @@ pub mod x86 {
         w: &[u8],
         a: [&[Q8Block]; R],
     ) -> [f32; R] {
-        let n = blocks(w, U::BYTES, &a);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for i in 0..n {
-            let p = w.as_ptr().add(i * U::BYTES);
-            let dw = f16_at(p);
-            let qx = U::values_512(p);
-            let ax = _mm256_sign_epi8(qx, qx);
-            for r in 0..R {
-                let ab = a[r].get_unchecked(i);
-                let d = _mm256_set1_ps(dw * ab.d);
-                let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                let sy = _mm256_sign_epi8(qy, qx);
-                let v = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
-                acc[r] = _mm256_fmadd_ps(d, v, acc[r]);
-            }
-        }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum_float_8(acc[r]);
-        }
-        out
+        signed_body::<U, R, true>(w, a)
     }
 
     /// ggml's `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` for `R` activation rows: per block
@@ -177,19 +157,35 @@ pub mod x86 {
         w: &[u8],
         a: [&[Q8Block]; R],
     ) -> [f32; R] {
+        signed_body::<U, R, false>(w, a)
+    }
+
+    /// The loop of [`signed_dots`] and [`signed_dots_vnni`], inlined into each so that it
+    /// compiles with the caller's instruction set; `VNNI` picks `vpdpbusd` and
+    /// [`LegacyBlock::values_512`].
+    #[inline(always)]
+    unsafe fn signed_body<U: LegacyBlock, const R: usize, const VNNI: bool>(
+        w: &[u8],
+        a: [&[Q8Block]; R],
+    ) -> [f32; R] {
         let n = blocks(w, U::BYTES, &a);
         let mut acc = [_mm256_setzero_ps(); R];
         for i in 0..n {
             let p = w.as_ptr().add(i * U::BYTES);
             let dw = f16_at(p);
-            let qx = U::values(p);
+            let qx = if VNNI { U::values_512(p) } else { U::values(p) };
             let ax = _mm256_sign_epi8(qx, qx);
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
                 let d = _mm256_set1_ps(dw * ab.d);
                 let qy = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let sy = _mm256_sign_epi8(qy, qx);
                 // = mul_sum_i8_pairs_float(qx, qy), with `ax` shared.
-                let v = mul_sum_us8_pairs_float(ax, _mm256_sign_epi8(qy, qx));
+                let v = if VNNI {
+                    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
+                } else {
+                    mul_sum_us8_pairs_float(ax, sy)
+                };
                 acc[r] = _mm256_fmadd_ps(d, v, acc[r]);
             }
         }
