@@ -9,12 +9,12 @@
 //! (ggml's `ggml_vec_dot_<w>_<a>`), whose float operations this crate performs in the
 //! order llama.cpp's CPU backend performs them on an AVX-512 x86 machine built with
 //! `GGML_NATIVE` (GCC, `-march=native`): the `__AVX2__` branches of
-//! `ggml/src/ggml-cpu/arch/x86/quants.c` for the quantized types, the AVX-512
-//! `GGML_SIMD` code of `ggml/src/ggml-cpu/vec.cpp` for F16/BF16/F32. Our results equal
-//! llama.cpp's bit for bit where it takes those paths: every single-row product, and
-//! multi-row products of types that have no other path (see each module for the
-//! batched paths llama.cpp takes instead: llamafile's tinyBLAS, repacked and tiled
-//! kernels).
+//! `ggml/src/ggml-cpu/arch/x86/quants.c` for the quantized types (with `vpdpbusd` where
+//! its VNNI build uses it), the AVX-512 `GGML_SIMD` code of `ggml/src/ggml-cpu/vec.cpp`
+//! for F16/BF16/F32. Where llama.cpp runs another kernel for a row of a batched product —
+//! repacked Q4_0/Q4_K gemm and gemv, the tiled K-quant kernel, llamafile's tinyBLAS —
+//! [`paths`] says which, from the row's place in llama.cpp's micro-batch, and
+//! [`Quant::path_rows`] computes in that kernel's order ([`kbatch`] for the K-quants).
 //!
 //! Layout:
 //! - [`Quant`]: one weight type — its block, activation format, dequantization (ggml's
@@ -26,7 +26,9 @@
 //!   of activation rows, for multi-row products).
 //! - [`QuantMatrix`]: a weight matrix of any implemented type behind one object-safe
 //!   interface ([`Kernel`]), with single-row (decode) and multi-row (prefill, batched
-//!   decode) products over any range of output features, for the caller's thread team.
+//!   decode) products over any range of output features, for the caller's thread team,
+//!   each activation row on its [`Path`] ([`QuantMatrix::paths`],
+//!   [`QuantMatrix::matmul_range_paths`]).
 //!
 //! Every SIMD path gives the same bits as its portable path (tested per type, odd shapes
 //! included): the portable code performs the same float operations in the same order

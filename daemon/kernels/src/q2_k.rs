@@ -13,8 +13,10 @@
 //! `dmin = −d_a · f16→f32(dmin)`; first `acc = fma(dmin, prod, acc)` with the eight i32
 //! lanes `prod = _mm256_madd_epi16(mins, bsums)`, then `acc = fma(d, sumi, acc)` with
 //! the scaled integer lanes of [`lanes::k_lanes`](crate::lanes::k_lanes); the result is
-//! `hsum_float_8(acc)`. (llama.cpp repacks Q2_K matrices whose row count is a multiple
-//! of 8 on AVX-512 CPUs, `ggml-cpu/repack.cpp`, and those take another order.)
+//! `hsum_float_8(acc)`. Micro-batches of 8+ rows take the tiled kernel's order
+//! ([`crate::kbatch`]). Not followed: llama.cpp repacks Q2_K matrices whose row count is
+//! a multiple of 8 on AVX-512 CPUs (`ggml_gemv_q2_K_8x8_q8_K` / `ggml_gemm_…`,
+//! `ggml-cpu/repack.cpp`), and those rows keep our `vec_dot` order here.
 
 use crate::act::{self, Q8KBlock};
 use crate::half::le_f16;
