@@ -9,4 +9,4 @@ cd "$root"
 scripts/fetch-model.sh
 scripts/build-plugins.sh
 cargo build --release -p inferd -p inferd-cli
-exec target/release/inferd serve --config configs/inferd.toml "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/inferd" serve --config configs/inferd.toml "$@"
