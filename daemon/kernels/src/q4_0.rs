@@ -6,7 +6,7 @@
 //! per block, `d = f16→f32(d_w) · d_a`, eight lanes of exact 4-product sums of `q − 8`
 //! with the activation quants, `acc = fma(d, v, acc)`; the result is `hsum_float_8(acc)`.
 //! llama.cpp repacks Q4_0 matrices whose row count is a multiple of 8 on AVX2 CPUs
-//! (`ggml-cpu/repack.cpp`); their products take [`crate::legacy::repacked_rows`]'s order
+//! (`ggml-cpu/repack.cpp`); their products take `legacy::repacked_rows`'s order
 //! ([`crate::Path::Gemv`], [`crate::Path::Gemm`]).
 
 use crate::half::le_f16;
@@ -40,7 +40,7 @@ crate::legacy::legacy_quant!(
     vnni: crate::tiles::x86::Vnni<avx2::Avx2>
 );
 
-/// [`crate::legacy::repacked_rows`], through the AVX2 tile when the CPU has it.
+/// `legacy::repacked_rows`, through the AVX2 tile when the CPU has it.
 fn repacked_rows(
     isa: crate::Isa,
     w: &[u8],

@@ -7,7 +7,7 @@
 //! the type's single-row `vec_dot` (the same `fma` per block into its own accumulator,
 //! the same final horizontal sum); only independent outputs are interleaved, and the
 //! exact integer parts are shared. So the results equal the one-row calls bit for bit
-//! ([`crate::testing`] checks this for every type and instruction set).
+//! (`testing` checks this for every type and instruction set).
 
 use std::ops::Range;
 
@@ -196,7 +196,7 @@ pub mod x86 {
         out
     }
 
-    /// [`crate::legacy::repacked_rows`]'s order for `R` activation rows: per block the
+    /// `legacy::repacked_rows`'s order for `R` activation rows: per block the
     /// exact integer `Σ q·y` (the lanes of `mul_sum_i8_pairs`, summed) and `acc_r =
     /// fma(f32(sum), f16→f32(d_w) · d_a, acc_r)`.
     ///
