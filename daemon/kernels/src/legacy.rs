@@ -60,12 +60,14 @@ pub fn repacked_rows(
 /// The `Quant` impl of a 32-value type: `$t` with ggml type `$ggml`, `$bytes` per block,
 /// activations `$act` (`Q8_0` for the signed family, `Q8_1` with a minimum), `$unpack`
 /// giving the block's 32 values as `i8` (`q − offset` signed, or unsigned `q`), `$deq`
-/// the dequantization of one value, and the module's `avx2::Avx2` tile; `repacked` for
-/// the signed types' AVX-512 VNNI tile `vnni` ([`crate::tiles::x86::Vnni`]), and for
-/// the type llama.cpp repacks (Q4_0: its `repacked_rows(isa, w, a, rows, out)`, in
-/// [`repacked_rows`]'s order, on its Gemv and Gemm paths).
+/// the dequantization of one value, and the module's `avx2::Avx2` tile. Optional:
+/// `repacked` for the type llama.cpp repacks (Q4_0: its `repacked_rows(isa, w, a, rows,
+/// out)`, in [`repacked_rows`]'s order, on its Gemv and Gemm paths); for the signed
+/// types `vnni`, their AVX-512 VNNI one-weight-row tile ([`crate::tiles::x86::Vnni`]),
+/// and `biased`, their unpacking for the tiles of several weight rows
+/// ([`crate::block_tiles::block_rows`], behind `vec_dot_block`).
 macro_rules! legacy_quant {
-    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)? $(, vnni: $vnni:ty)?) => {
+    ($t:ident, $ggml:expr, $bytes:expr, $act:ident, $unpack:path, $dot:path, $deq:expr $(, repacked: $rep:path)? $(, vnni: $vnni:ty, biased: $biased:ty)?) => {
         impl $crate::Quant for $t {
             const TYPE: $crate::GgmlType = $ggml;
             const BLOCK_VALUES: usize = 32;
@@ -117,6 +119,33 @@ macro_rules! legacy_quant {
                 }
                 $crate::tiles::each_row::<Self>(isa, w, a, rows, out);
             }
+
+            $(
+            fn vec_dot_block(
+                isa: $crate::Isa,
+                w: &[u8],
+                row_bytes: usize,
+                a: &$crate::Activations<$crate::act::$act>,
+                rows: std::ops::Range<usize>,
+                out: &mut [f32],
+                stride: usize,
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
+                    let need = (w.len() / row_bytes).saturating_sub(1) * stride + rows.len();
+                    assert!(out.len() >= need, "output of {} values, {need} needed", out.len());
+                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
+                    // F16C; whole blocks per row and the output length are checked.
+                    return unsafe {
+                        $crate::block_tiles::block_rows::<$biased>(w, row_bytes, a, rows, out, stride)
+                    };
+                }
+                for (i, wr) in w.chunks_exact(row_bytes).enumerate() {
+                    let o = &mut out[i * stride..i * stride + rows.len()];
+                    <Self as $crate::Quant>::vec_dot_rows(isa, wr, a, rows.clone(), o);
+                }
+            }
+            )?
 
             $(
             fn path_rows(

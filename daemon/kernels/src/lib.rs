@@ -35,6 +35,8 @@
 //! (eight independent lanes, `mul_add` where ggml uses FMA).
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod block_tiles;
 pub mod half;
 pub mod isa;
 pub mod kbatch;
@@ -135,6 +137,28 @@ pub trait Quant: Send + Sync + 'static {
         out: &mut [f32],
     ) {
         tiles::each_row::<Self>(isa, w, a, rows, out);
+    }
+
+    /// Dot products of several weight rows with several activation rows:
+    /// `out[i · stride + (j − rows.start)] = vec_dot(w_i, a_j)` for the weight rows `w_i`
+    /// of `w` (`row_bytes` each). Types may override this with tiles of several weight
+    /// rows ([`block_tiles`]); the result must equal the one-row calls bit for bit.
+    ///
+    /// # Panics
+    /// If `out` holds fewer than `(w rows − 1) · stride + rows.len()` values.
+    fn vec_dot_block(
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        a: &Activations<Self::Act>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for (i, wr) in w.chunks_exact(row_bytes).enumerate() {
+            let o = &mut out[i * stride..i * stride + rows.len()];
+            Self::vec_dot_rows(isa, wr, a, rows.clone(), o);
+        }
     }
 
     /// Dot products of one weight row with several activation rows along llama.cpp's

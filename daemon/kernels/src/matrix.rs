@@ -169,21 +169,22 @@ where
         {
             for j0 in (0..rows).step_by(chunk) {
                 let j1 = (j0 + chunk).min(rows);
-                for (wr, o) in wg.chunks_exact(row_bytes).zip(og.chunks_exact_mut(rows)) {
-                    // Runs of rows on one path.
-                    let mut j = j0;
-                    while j < j1 {
-                        let p = paths.get(j).copied().unwrap_or(Path::VecDot);
-                        let mut e = j + 1;
-                        while e < j1 && paths.get(e).copied().unwrap_or(Path::VecDot) == p {
-                            e += 1;
-                        }
-                        match p {
-                            Path::VecDot => Q::vec_dot_rows(isa, wr, a, j..e, &mut o[j..e]),
-                            p => Q::path_rows(isa, p, wr, a, j..e, &mut o[j..e]),
-                        }
-                        j = e;
+                // Runs of rows on one path.
+                let mut j = j0;
+                while j < j1 {
+                    let p = paths.get(j).copied().unwrap_or(Path::VecDot);
+                    let mut e = j + 1;
+                    while e < j1 && paths.get(e).copied().unwrap_or(Path::VecDot) == p {
+                        e += 1;
                     }
+                    if p == Path::VecDot {
+                        Q::vec_dot_block(isa, wg, row_bytes, a, j..e, &mut og[j..], rows);
+                    } else {
+                        for (wr, o) in wg.chunks_exact(row_bytes).zip(og.chunks_exact_mut(rows)) {
+                            Q::path_rows(isa, p, wr, a, j..e, &mut o[j..e]);
+                        }
+                    }
+                    j = e;
                 }
             }
         }

@@ -37,7 +37,8 @@ crate::legacy::legacy_quant!(
     crate::legacy::signed_dot,
     |b, q| f32::from(q) * le_f16(b, 0),
     repacked: repacked_rows,
-    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>,
+    biased: avx2::Avx2
 );
 
 /// `legacy::repacked_rows`, through the AVX2 tile when the CPU has it.
@@ -63,6 +64,7 @@ mod avx2 {
     //! (`vec_dot`) or a tile of rows.
     use super::BYTES;
     use crate::act::Q8Block;
+    use crate::block_tiles::BiasedBlock;
     use crate::lanes::x86::bytes_from_nibbles_32;
     use crate::tiles::x86::{repacked_dots, signed_dots, LegacyBlock};
     use crate::tiles::RowTile;
@@ -76,6 +78,16 @@ mod avx2 {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn values(p: *const u8) -> __m256i {
             _mm256_sub_epi8(bytes_from_nibbles_32(p.add(2)), _mm256_set1_epi8(8))
+        }
+    }
+
+    impl BiasedBlock for Avx2 {
+        const BIAS: u8 = 8;
+        /// `q` itself: the nibble.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn biased(p: *const u8) -> __m256i {
+            bytes_from_nibbles_32(p.add(2))
         }
     }
 

@@ -31,7 +31,8 @@ crate::legacy::legacy_quant!(
     unpack,
     crate::legacy::signed_dot,
     |b, q| f32::from(q) * le_f16(b, 0),
-    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>,
+    biased: avx2::Avx2
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -40,6 +41,7 @@ mod avx2 {
     //! (`vec_dot`) or a tile of rows.
     use super::BYTES;
     use crate::act::Q8Block;
+    use crate::block_tiles::BiasedBlock;
     use crate::lanes::x86::{bytes_from_nibbles_32, bytes_from_q5_32};
     use crate::tiles::x86::{signed_dots, LegacyBlock};
     use crate::tiles::RowTile;
@@ -63,6 +65,18 @@ mod avx2 {
             let nib = bytes_from_nibbles_32(p.add(6));
             let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
             _mm256_mask_mov_epi8(_mm256_sub_epi8(nib, _mm256_set1_epi8(16)), qh, nib)
+        }
+    }
+
+    impl BiasedBlock for Avx2 {
+        const BIAS: u8 = 16;
+        /// `q` itself: the nibble, plus 16 where bit `j` of `qh` is set.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn biased(p: *const u8) -> __m256i {
+            let nib = bytes_from_nibbles_32(p.add(6));
+            let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+            _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
         }
     }
 

@@ -27,7 +27,8 @@ crate::legacy::legacy_quant!(
     unpack,
     crate::legacy::signed_dot,
     |b, q| f32::from(q) * le_f16(b, 0),
-    vnni: crate::tiles::x86::Vnni<avx2::Avx2>
+    vnni: crate::tiles::x86::Vnni<avx2::Avx2>,
+    biased: avx2::Avx2
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +37,7 @@ mod avx2 {
     //! (`vec_dot`) or a tile of rows.
     use super::BYTES;
     use crate::act::Q8Block;
+    use crate::block_tiles::BiasedBlock;
     use crate::tiles::x86::{signed_dots, LegacyBlock};
     use crate::tiles::RowTile;
     use std::arch::x86_64::*;
@@ -48,6 +50,16 @@ mod avx2 {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn values(p: *const u8) -> __m256i {
             _mm256_loadu_si256(p.add(2) as *const __m256i)
+        }
+    }
+
+    impl BiasedBlock for Avx2 {
+        const BIAS: u8 = 128;
+        /// `q + 128` (quants are in `−127..=127`): the sign bit flipped.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn biased(p: *const u8) -> __m256i {
+            _mm256_xor_si256(Self::values(p), _mm256_set1_epi8(-128))
         }
     }
 

@@ -10,7 +10,8 @@
 //! 4. against the unquantized f32 activations the error stays within the activation
 //!    format's rounding (`tol_f32 · Σ |deq(w) · x|`);
 //! 5. [`check_rows`]: the multi-row kernels (`vec_dot_rows`) equal one `vec_dot` per row
-//!    bit for bit, for every tile size and remainder.
+//!    bit for bit, for every tile size and remainder;
+//! 6. [`check_block`]: so do the kernels of several weight rows (`vec_dot_block`).
 
 use crate::act::{ActFormat, Activations};
 use crate::matrix::Wrap;
@@ -75,6 +76,7 @@ where
     // `block_q8_1`), which the `m · s` term of Q4_1/Q5_1 carries (relative 2^-11).
     let tol_deq = if Q::Act::NAME == "q8_1" { 1e-3 } else { 1e-5 };
     check_rows::<Q>(dtype);
+    check_block::<Q>(dtype);
     for (si, (n, k)) in shapes(Q::BLOCK_VALUES).into_iter().enumerate() {
         let w = random(n * k, 100 + si as u64);
         let (bytes, deq) = quantize(&w, n, k, dtype);
@@ -176,6 +178,65 @@ pub fn check_rows<Q: Quant>(dtype: GgmlDType) {
                                 Q::TYPE.name(),
                                 isa.name(),
                                 start + len
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `vec_dot_block` over 1 to 11 weight rows and every range of up to 19 activation rows
+/// (starting at 0 and at 3: every weight-tile and activation-tile size and remainder,
+/// one activation row as decode) equals `vec_dot` per pair, bit for bit, for every
+/// instruction set; outputs outside the block stay untouched.
+pub fn check_block<Q: Quant>(dtype: GgmlDType) {
+    let stride = 23;
+    for (si, (_, k)) in shapes(Q::BLOCK_VALUES).into_iter().enumerate().skip(1) {
+        let n = 11;
+        let (bytes, _) = quantize(&random(n * k, 500 + si as u64), n, k, dtype);
+        let x = random(22 * k, 600 + si as u64);
+        let act = Activations::<Q::Act>::quantize(&x, 22, k).expect("activations");
+        let row_bytes = bytes.len() / n;
+        for isa in Isa::available() {
+            let one: Vec<Vec<f32>> = bytes
+                .chunks_exact(row_bytes)
+                .map(|w| (0..22).map(|j| Q::vec_dot(isa, w, act.row(j))).collect())
+                .collect();
+            for wn in 1..=n {
+                for start in [0, 3] {
+                    for len in 1..=19 {
+                        let mut out = vec![f32::NAN; (wn - 1) * stride + len + 1];
+                        let w = &bytes[..wn * row_bytes];
+                        Q::vec_dot_block(
+                            isa,
+                            w,
+                            row_bytes,
+                            &act,
+                            start..start + len,
+                            &mut out,
+                            stride,
+                        );
+                        for (i, o) in out.iter().enumerate() {
+                            let (r, j) = (i / stride, i % stride);
+                            if j >= len || r >= wn {
+                                assert!(
+                                    o.is_nan(),
+                                    "{}: output {i} outside the block written",
+                                    Q::TYPE.name()
+                                );
+                                continue;
+                            }
+                            let want = one[r][start + j];
+                            assert_eq!(
+                                o.to_bits(),
+                                want.to_bits(),
+                                "{} {}: {wn} weight rows × rows {start}..{}: weight row {r}, row {} of k = {k}: {o} vs vec_dot {want}",
+                                Q::TYPE.name(),
+                                isa.name(),
+                                start + len,
+                                start + j
                             );
                         }
                     }

@@ -9,7 +9,8 @@
 //! product / t) and writes one JSON object per measurement, one a line, to
 //! `INFERD_TIMING_JSON` (default `$TMPDIR/inferd-kernels-timing.json`). With
 //! `INFERD_TIMING_BASELINE` naming such a file from an earlier run, a column gives the
-//! speed-up against it. `INFERD_TIMING_TYPES=q5_0,q4_K` limits the types.
+//! speed-up against it. `INFERD_TIMING_TYPES=q5_0,q4_K` limits the types,
+//! `INFERD_TIMING_ROWS=1,16` the activation row counts.
 //!
 //! To keep runs short, the weights are a few quantized rows repeated to the full shape,
 //! activations are quantized once outside the timed loop, and products with many rows
@@ -90,6 +91,10 @@ fn timing() {
         p.to_string_lossy().into_owned()
     });
     let by_path = std::env::var_os("INFERD_TIMING_PATHS").is_some();
+    let row_counts: Vec<usize> = std::env::var("INFERD_TIMING_ROWS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| ROWS.to_vec());
     let mut json = String::new();
     println!("isa {}, one thread", isa.name());
     println!(
@@ -115,7 +120,7 @@ fn timing() {
                 .take(n * ty.row_bytes(k))
                 .collect();
             let m = QuantMatrix::new(ty, data, n, k).expect("matrix");
-            for rows in ROWS {
+            for &rows in &row_counts {
                 let paths = if by_path {
                     let batch: Vec<BatchRow> = (0..rows as u32)
                         .map(|index| BatchRow {
