@@ -8,11 +8,16 @@
 //! running maximum `M` (rescaling the f32 value accumulator and the sum by
 //! `expf(M_old − M)`), `p = ggml_v_expf(s − M)`, the tile's sum of `p` is GCC's
 //! `_mm512_reduce_add_ps` per 16 added in f64 onto `S`; `acc_d = fma(v_jd, p_j, acc_d)`
-//! in key order; the output is `acc · (1 / S)`. Rows are independent of each other.
+//! in key order (for every key of the tile: a row that sees none of them adds
+//! `fma(v, 0, acc)`, as llama.cpp's zeroed scores do); the output is `acc · (1 / S)`.
+//! Rows are independent of each other; [`ROWS`] of them share a key tile's loads
+//! ([`super::attn_blocks`]), which leaves every output's operations as they were (tested
+//! against the one-row kernel).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use super::attn_blocks::{self, Simd};
 use super::ggml_ops::v_expf;
 use super::kv_pool::ForwardSeq;
 use super::transformer::AttnShape;
@@ -58,6 +63,30 @@ unsafe fn tiled_fma(
     tiled(kc, vc, offs, seq, h, rows, q, shape)
 }
 
+/// Query rows computed together against a key tile (their scores and value sums in
+/// registers, [`super::attn_blocks`]; llama.cpp's `simd_gemm` blocks rows too).
+const ROWS: usize = 4;
+
+/// One head's query rows and running softmax state, and the current key tile.
+struct Tile<'a> {
+    simd: Simd,
+    q: &'a [f32],
+    row_width: usize,
+    h: usize,
+    hd: usize,
+    first: usize,
+    /// `K` transposed (`[d][key]`, keys contiguous as in ggml's `K_f32`), `V` as
+    /// `[key][d]`, both f32; `t0` the tile's first key, `kv` its key count.
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    t0: usize,
+    kv: usize,
+    /// Per row: the value sums `(rows, hd)`, the running maximum and sum.
+    out: Vec<f32>,
+    m: Vec<f32>,
+    sum: Vec<f32>,
+}
+
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn tiled(
@@ -71,24 +100,28 @@ fn tiled(
     shape: AttnShape,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let row_width = shape.n_head * hd;
-    let first = rows.start;
     let n_rows = rows.len();
-    let mut out = vec![0f32; n_rows * hd];
-    // Per row: running maximum and sum.
-    let mut m = vec![f32::NEG_INFINITY; n_rows];
-    let mut sum = vec![0f32; n_rows];
-    // One key tile in f32: K transposed (`[d][key]`, keys contiguous as in ggml's
-    // `K_f32`), V as `[key][d]`.
-    let mut kt = vec![0f32; hd * TILE];
-    let mut vt = vec![0f32; TILE * hd];
-    let mut s = [0f32; TILE];
+    let mut t = Tile {
+        simd: Simd::detect(),
+        q,
+        row_width: shape.n_head * hd,
+        h,
+        hd,
+        first: rows.start,
+        kt: vec![0f32; hd * TILE],
+        vt: vec![0f32; TILE * hd],
+        t0: 0,
+        kv: 0,
+        out: vec![0f32; n_rows * hd],
+        m: vec![f32::NEG_INFINITY; n_rows],
+        sum: vec![0f32; n_rows],
+    };
     let mut krow = vec![0f32; hd];
     let max_keys = seq.start_pos + rows.end;
     // Keys any row of this range can see.
     let lo_all = shape
         .window
-        .map_or(0, |w| (seq.start_pos + first + 1).saturating_sub(w));
+        .map_or(0, |w| (seq.start_pos + rows.start + 1).saturating_sub(w));
     for t0 in (lo_all / TILE * TILE..max_keys).step_by(TILE) {
         let kv = TILE.min(max_keys - t0);
         for tk in 0..kv {
@@ -96,71 +129,86 @@ fn tiled(
             // Slice conversions (F16C where the CPU has it; exact either way).
             kc[offs[j]..offs[j] + hd].convert_to_f32_slice(&mut krow);
             for (d, &x) in krow.iter().enumerate() {
-                kt[d * TILE + tk] = x;
+                t.kt[d * TILE + tk] = x;
             }
-            vc[offs[j]..offs[j] + hd].convert_to_f32_slice(&mut vt[tk * hd..(tk + 1) * hd]);
+            vc[offs[j]..offs[j] + hd].convert_to_f32_slice(&mut t.vt[tk * hd..(tk + 1) * hd]);
         }
-        for r in rows.clone() {
-            let n_keys = seq.start_pos + r + 1;
-            let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
-            if t0 >= n_keys || t0 + TILE <= lo {
-                continue; // every key of the tile masked: ggml skips it
+        (t.t0, t.kv) = (t0, kv);
+        let mut r = rows.start;
+        while r < rows.end {
+            let n = (rows.end - r).min(ROWS);
+            match n {
+                4 => rows_tile::<4>(&mut t, r, seq, shape),
+                3 => rows_tile::<3>(&mut t, r, seq, shape),
+                2 => rows_tile::<2>(&mut t, r, seq, shape),
+                _ => rows_tile::<1>(&mut t, r, seq, shape),
             }
-            let qr = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
-            // `simd_gemm`: each score a sequential fma chain over d.
-            s.fill(0.0);
-            for (d, &x) in qr.iter().enumerate() {
-                let krow = &kt[d * TILE..(d + 1) * TILE];
-                for (sv, &k) in s.iter_mut().zip(krow) {
-                    *sv = k.mul_add(x, *sv);
-                }
-            }
-            for (tk, sv) in s.iter_mut().enumerate() {
-                let j = t0 + tk;
-                *sv = if j < lo || j >= n_keys {
-                    f32::NEG_INFINITY
-                } else {
-                    *sv * shape.scale
-                };
-            }
-            let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            if tile_max == f32::NEG_INFINITY {
-                continue;
-            }
-            let i = r - first;
-            let acc = &mut out[i * hd..(i + 1) * hd];
-            let m_new = m[i].max(tile_max);
-            if m_new > m[i] {
-                let ms = (m[i] - m_new).exp();
-                acc.iter_mut().for_each(|a| *a *= ms);
-                sum[i] *= ms;
-            }
-            m[i] = m_new;
-            let mut tile_sum = 0f64;
-            for chunk in s.chunks_exact_mut(16) {
-                let mut lanes = [0f32; 16];
-                for (l, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
-                    *v = v_expf(*v - m_new);
-                    *l = *v;
-                }
-                tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
-            }
-            sum[i] = (f64::from(sum[i]) + tile_sum) as f32;
-            for (tk, &p) in s.iter().enumerate().take(kv) {
-                if p == 0.0 {
-                    continue; // fma(v, 0, a) leaves a unchanged
-                }
-                for (a, &v) in acc.iter_mut().zip(&vt[tk * hd..(tk + 1) * hd]) {
-                    *a = v.mul_add(p, *a);
-                }
-            }
+            r += n;
         }
     }
-    for (i, acc) in out.chunks_exact_mut(hd).enumerate() {
-        let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
+    for (i, acc) in t.out.chunks_exact_mut(hd).enumerate() {
+        let inv = if t.sum[i] == 0.0 { 0.0 } else { 1.0 / t.sum[i] };
         acc.iter_mut().for_each(|a| *a *= inv);
     }
-    out
+    t.out
+}
+
+/// The current key tile for the `R` query rows from `r0`: scores (per score a
+/// sequential fma chain over `d`, as `simd_gemm`), masking, the running maximum and
+/// sum, `p = ggml_v_expf(s − M)`, then `acc_d = fma(v_jd, p_j, acc_d)` in key order.
+/// A row that sees no key of the tile keeps its state, and adds `fma(v, 0, acc)` as
+/// llama.cpp (which zeroes its scores) does.
+#[inline(always)]
+fn rows_tile<const R: usize>(t: &mut Tile<'_>, r0: usize, seq: &ForwardSeq<'_>, shape: AttnShape) {
+    let (hd, t0, kv) = (t.hd, t.t0, t.kv);
+    let qs: [&[f32]; R] = std::array::from_fn(|i| {
+        let r = r0 + i;
+        &t.q[r * t.row_width + t.h * hd..r * t.row_width + (t.h + 1) * hd]
+    });
+    let mut s = attn_blocks::scores(t.simd, &t.kt, qs, hd);
+    // Softmax state per row; `s` becomes the tile's `p`.
+    for (i, sr) in s.iter_mut().enumerate() {
+        let r = r0 + i;
+        let n_keys = seq.start_pos + r + 1;
+        let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
+        for (tk, sv) in sr.iter_mut().enumerate() {
+            let j = t0 + tk;
+            *sv = if j < lo || j >= n_keys {
+                f32::NEG_INFINITY
+            } else {
+                *sv * shape.scale
+            };
+        }
+        let tile_max = sr.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        if tile_max == f32::NEG_INFINITY {
+            sr.fill(0.0);
+            continue;
+        }
+        let ri = r - t.first;
+        let m_new = t.m[ri].max(tile_max);
+        if m_new > t.m[ri] {
+            let ms = (t.m[ri] - m_new).exp();
+            t.out[ri * hd..(ri + 1) * hd]
+                .iter_mut()
+                .for_each(|a| *a *= ms);
+            t.sum[ri] *= ms;
+        }
+        t.m[ri] = m_new;
+        let mut tile_sum = 0f64;
+        for chunk in sr.chunks_exact_mut(16) {
+            let mut lanes = [0f32; 16];
+            for (l, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+                *v = v_expf(*v - m_new);
+                *l = *v;
+            }
+            tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
+        }
+        t.sum[ri] = (f64::from(t.sum[ri]) + tile_sum) as f32;
+    }
+    let ri0 = r0 - t.first;
+    let mut rows_out = t.out[ri0 * hd..(ri0 + R) * hd].chunks_exact_mut(hd);
+    let mut acc: [&mut [f32]; R] = std::array::from_fn(|_| rows_out.next().unwrap_or_default());
+    attn_blocks::values(t.simd, &t.vt, hd, kv, &s, &mut acc);
 }
 
 /// Whether llama-server computes the attention of the prompt row at `pos` (of a prompt
@@ -168,4 +216,152 @@ fn tiled(
 /// [`TILE`] rows (`neq1 >= Q_TILE_SZ` in `ggml_compute_forward_flash_attn_ext_f16`).
 pub fn tiled_row(pos: usize, prompt_len: usize) -> bool {
     super::ubatch::batch_row(pos, prompt_len).len as usize >= TILE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel before its rows were blocked, one query row at a time: the oracle
+    /// for the blocked kernel's bits.
+    #[allow(clippy::too_many_arguments)]
+    fn one_row_at_a_time(
+        kc: &[f16],
+        vc: &[f16],
+        offs: &[usize],
+        seq: &ForwardSeq<'_>,
+        h: usize,
+        rows: std::ops::Range<usize>,
+        q: &[f32],
+        shape: AttnShape,
+    ) -> Vec<f32> {
+        let hd = shape.head_dim;
+        let row_width = shape.n_head * hd;
+        let first = rows.start;
+        let mut out = vec![0f32; rows.len() * hd];
+        let mut m = vec![f32::NEG_INFINITY; rows.len()];
+        let mut sum = vec![0f32; rows.len()];
+        let max_keys = seq.start_pos + rows.end;
+        let mut s = [0f32; TILE];
+        for t0 in (0..max_keys).step_by(TILE) {
+            let kv = TILE.min(max_keys - t0);
+            for r in rows.clone() {
+                let n_keys = seq.start_pos + r + 1;
+                let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
+                if t0 >= n_keys || t0 + TILE <= lo {
+                    continue;
+                }
+                let qr = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
+                s.fill(0.0);
+                for (d, &x) in qr.iter().enumerate() {
+                    for (tk, sv) in s.iter_mut().enumerate().take(kv) {
+                        let k = kc[offs[t0 + tk] + d].to_f32();
+                        *sv = k.mul_add(x, *sv);
+                    }
+                }
+                for (tk, sv) in s.iter_mut().enumerate() {
+                    let j = t0 + tk;
+                    *sv = if j < lo || j >= n_keys {
+                        f32::NEG_INFINITY
+                    } else {
+                        *sv * shape.scale
+                    };
+                }
+                let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let i = r - first;
+                let acc = &mut out[i * hd..(i + 1) * hd];
+                let m_new = m[i].max(tile_max);
+                if m_new > m[i] {
+                    let ms = (m[i] - m_new).exp();
+                    acc.iter_mut().for_each(|a| *a *= ms);
+                    sum[i] *= ms;
+                }
+                m[i] = m_new;
+                let mut tile_sum = 0f64;
+                for chunk in s.chunks_exact_mut(16) {
+                    let mut lanes = [0f32; 16];
+                    for (l, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+                        *v = v_expf(*v - m_new);
+                        *l = *v;
+                    }
+                    tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
+                }
+                sum[i] = (f64::from(sum[i]) + tile_sum) as f32;
+                for (tk, &p) in s.iter().enumerate().take(kv) {
+                    for (d, a) in acc.iter_mut().enumerate() {
+                        *a = vc[offs[t0 + tk] + d].to_f32().mul_add(p, *a);
+                    }
+                }
+            }
+        }
+        for (i, acc) in out.chunks_exact_mut(hd).enumerate() {
+            let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
+            acc.iter_mut().for_each(|a| *a *= inv);
+        }
+        out
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Row blocks of 4, 3, 2 and 1 rows, several key tiles, a cached prefix, a sliding
+    /// window and head sizes 64 and 256: equal to the one-row kernel bit for bit.
+    #[test]
+    fn blocked_rows_equal_one_row_at_a_time() {
+        for (hd, window, start_pos, n_rows) in [
+            (64, None, 0, 150),
+            (64, Some(70), 20, 133),
+            (256, None, 5, 67),
+            (96, None, 0, 65),
+        ] {
+            let n_head = 2;
+            let keys = start_pos + n_rows;
+            let kc: Vec<f16> = values(keys * hd, 1)
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            let vc: Vec<f16> = values(keys * hd, 2)
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            let offs: Vec<usize> = (0..keys).map(|j| j * hd).collect();
+            let q = values(n_rows * n_head * hd, 3);
+            let tokens = vec![0u32; n_rows];
+            let seq = ForwardSeq {
+                tokens: &tokens,
+                start_pos,
+                block_table: &[],
+                logit_rows: 1,
+                prompt_len: keys,
+            };
+            let shape = AttnShape {
+                n_head,
+                n_kv_head: 1,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+            };
+            for (h, rows) in [(0, 0..n_rows), (1, 3..n_rows - 2), (1, 10..11)] {
+                let want = one_row_at_a_time(&kc, &vc, &offs, &seq, h, rows.clone(), &q, shape);
+                let got = attend_head_tiled(&kc, &vc, &offs, &seq, h, rows.clone(), &q, shape);
+                assert_eq!(got.len(), want.len());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "head_dim {hd}, window {window:?}, rows {rows:?}: value {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -9,8 +9,9 @@
 //! the kernels `q4_1.rs`, `q8_0.rs`, `ggml_matrix.rs` (every other ggml type, on the
 //! `inferd-kernels` crate) and candle's), `transformer.rs` (the decoder loop),
 //! `host.rs` / `ops.rs` (its backends), `rope.rs`, `moe.rs`, `kv_pool.rs`,
-//! `cpu_attention.rs`, `team.rs` (compute threads).
+//! `cpu_attention.rs` (with `cpu_attention_tiled.rs` and its `attn_blocks.rs`), `team.rs` (compute threads).
 
+mod attn_blocks;
 pub mod cpu_attention;
 pub mod cpu_attention_tiled;
 pub mod ggml_matrix;
