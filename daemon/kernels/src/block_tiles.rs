@@ -75,7 +75,7 @@ const PREFILL_MIN: usize = 4;
 const W_DECODE: usize = 4;
 /// How many weight tiles ahead the decode tiles prefetch: the hardware prefetcher
 /// follows one stream well but not a tile's interleaved rows.
-const AHEAD: usize = 4;
+const AHEAD: usize = 32;
 
 /// `out[i · stride + (j − rows.start)] = vec_dot(w_i, a_j)` for the weight rows `w_i`
 /// of `w` (`row_bytes` each) and the activation rows `j` in `rows`.
