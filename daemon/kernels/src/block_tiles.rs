@@ -75,7 +75,7 @@ const PREFILL_MIN: usize = 4;
 const W_DECODE: usize = 4;
 /// How many weight tiles ahead the decode tiles prefetch: the hardware prefetcher
 /// follows one stream well but not a tile's interleaved rows.
-const AHEAD: usize = 32;
+const AHEAD: usize = 8;
 
 /// `out[i · stride + (j − rows.start)] = vec_dot(w_i, a_j)` for the weight rows `w_i`
 /// of `w` (`row_bytes` each) and the activation rows `j` in `rows`.
@@ -120,8 +120,9 @@ unsafe fn decode_rows<U: BiasedBlock>(
         ($w:expr) => {
             while wrows.len - i >= $w {
                 let ws: [*const u8; $w] = std::array::from_fn(|t| wrows.at(i + t));
-                // The rows `AHEAD` tiles on, prefetched while this tile is computed.
-                let ahead = AHEAD * $w * wrows.row_bytes;
+                // The rows `AHEAD` tiles on (at most the last row of `w`), prefetched
+                // while this tile is computed.
+                let ahead = (AHEAD * $w).min(wrows.len - i - $w) * wrows.row_bytes;
                 let mut j = rows.start;
                 macro_rules! act_tiles {
                     ($r:expr) => {
