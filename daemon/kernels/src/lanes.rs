@@ -305,6 +305,19 @@ pub mod x86 {
         _mm_cvtph_ps(f16_broadcast(p))
     }
 
+    /// The two little-endian f16 at `p` and `p + 2` (a block's `d` and `dmin`/`m`),
+    /// widened to f32 with one 32-bit load (`vmovd`, which clears the register's other
+    /// lanes: no chain to the previous value) and one conversion.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C. `p` must be readable for 4 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_pair_at(p: *const u8) -> (f32, f32) {
+        let both = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const i32)));
+        (_mm_cvtss_f32(both), _mm_cvtss_f32(_mm_movehdup_ps(both)))
+    }
+
     /// [`f16_splat`] in eight lanes.
     ///
     /// # Safety

@@ -151,7 +151,9 @@ mod avx2 {
     use super::{BYTES, QS, SCALES};
     use crate::act::Q8KBlock;
     use crate::lanes::k4_scales_mins;
-    use crate::lanes::x86::{f16_at, hsum_float_4, hsum_float_8, hsum_i32_8, scale_shuffle_k4};
+    use crate::lanes::x86::{
+        f16_pair_at, hsum_float_4, hsum_float_8, hsum_i32_8, scale_shuffle_k4,
+    };
     use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
@@ -170,7 +172,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block(wb: *const u8) -> ([__m256i; 8], [__m256i; 8], __m128i, f32, f32) {
         let m4 = _mm256_set1_epi8(0xf);
-        let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
+        let (dw, minw) = f16_pair_at(wb);
         // ggml's `utmp`: the eight scales, then the eight mins.
         let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));
         let mut utmp = [0u8; 16];
@@ -302,12 +304,73 @@ mod avx2 {
         out
     }
 
+    /// [`path_dots`] for [`GEMM`] with its float chains across the `R ≤ 8` rows: lane
+    /// `r` of `acc` and `acc_m` is row `r`'s accumulator and takes the same fma, in the
+    /// same order, as the scalar chain of [`path_dots`] (tested equal).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gemm_dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+        const { assert!(R <= 8) };
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = _mm256_setzero_ps();
+        for i in 0..blocks(w, BYTES, &a) {
+            let (q, s, mins, dw, minw) = block(w.as_ptr().add(i * BYTES));
+            // Per row the four quarter totals and min sums (lane `j`: quarter `j`).
+            let mut t = [_mm_setzero_si128(); 8];
+            let mut m = [_mm_setzero_si128(); 8];
+            let mut da = [0f32; 8];
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                m[r] = min_sums(mins, ab);
+                let h01 = _mm256_hadd_epi32(quarter(&q, &s, ab, 0), quarter(&q, &s, ab, 1));
+                let h23 = _mm256_hadd_epi32(quarter(&q, &s, ab, 2), quarter(&q, &s, ab, 3));
+                let h = _mm256_hadd_epi32(h01, h23);
+                t[r] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                da[r] = ab.d;
+            }
+            let da = _mm256_loadu_ps(da.as_ptr());
+            let ds = _mm256_mul_ps(_mm256_set1_ps(dw), da);
+            let dm = _mm256_mul_ps(_mm256_set1_ps(minw), da);
+            let (tq, mq) = (by_quarter(&t), by_quarter(&m));
+            for j in 0..4 {
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tq[j]), ds, acc);
+                acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mq[j]), dm, acc_m);
+            }
+        }
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
+        std::array::from_fn(|r| o[r])
+    }
+
+    /// Eight rows' four lanes → four vectors of eight rows (lane `r` of vector `j` is
+    /// lane `j` of `rows[r]`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn by_quarter(rows: &[__m128i; 8]) -> [__m256i; 4] {
+        let half = |x: &[__m128i]| {
+            let t0 = _mm_unpacklo_epi32(x[0], x[1]);
+            let t1 = _mm_unpacklo_epi32(x[2], x[3]);
+            let t2 = _mm_unpackhi_epi32(x[0], x[1]);
+            let t3 = _mm_unpackhi_epi32(x[2], x[3]);
+            [
+                _mm_unpacklo_epi64(t0, t1),
+                _mm_unpackhi_epi64(t0, t1),
+                _mm_unpacklo_epi64(t2, t3),
+                _mm_unpackhi_epi64(t2, t3),
+            ]
+        };
+        let (lo, hi) = (half(&rows[..4]), half(&rows[4..]));
+        std::array::from_fn(|j| _mm256_set_m128i(hi[j], lo[j]))
+    }
+
     /// [`path_dots`] as a tile kernel.
     pub(super) struct PathTile<const MODE: u8>;
 
     impl<const MODE: u8> RowTile for PathTile<MODE> {
         type Block = Q8KBlock;
         unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            if MODE == GEMM && R <= 8 {
+                return gemm_dots::<R>(w, a);
+            }
             path_dots::<MODE, R>(w, a)
         }
     }

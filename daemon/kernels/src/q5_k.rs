@@ -127,7 +127,7 @@ mod avx2 {
     use super::{BYTES, QH, QS, SCALES};
     use crate::act::Q8KBlock;
     use crate::lanes::k4_scales_mins;
-    use crate::lanes::x86::{f16_at, hsum_float_8, scale_shuffle_k4};
+    use crate::lanes::x86::{f16_pair_at, hsum_float_8, scale_shuffle_k4};
     use crate::tiles::{blocks, RowTile};
     use std::arch::x86_64::*;
 
@@ -149,7 +149,7 @@ mod avx2 {
         let mut summs = [0f32; R];
         for i in 0..blocks(w, BYTES, &a) {
             let wb = w.as_ptr().add(i * BYTES);
-            let (dw, minw) = (f16_at(wb), f16_at(wb.add(2)));
+            let (dw, minw) = f16_pair_at(wb);
 
             // ggml's `utmp`: the eight scales, then the eight mins.
             let (sc, mn) = k4_scales_mins(std::slice::from_raw_parts(wb.add(SCALES), 12));

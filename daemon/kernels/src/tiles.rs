@@ -96,7 +96,9 @@ pub mod x86 {
     //! activations; each type gives only its block unpacking.
     use super::blocks;
     use crate::act::Q8Block;
-    use crate::lanes::x86::{f16_at, hsum_float_8, hsum_i32_8, mul_sum_us8_pairs_float};
+    use crate::lanes::x86::{
+        f16_at, f16_pair_at, hsum_float_8, hsum_i32_8, mul_sum_us8_pairs_float,
+    };
     use std::arch::x86_64::*;
 
     /// A legacy block whose 32 values the AVX2 code holds as one vector of bytes.
@@ -244,7 +246,7 @@ pub mod x86 {
         let mut summs = [0f32; R];
         for i in 0..n {
             let p = w.as_ptr().add(i * U::BYTES);
-            let (dw, mw) = (f16_at(p), f16_at(p.add(2)));
+            let (dw, mw) = f16_pair_at(p);
             let qx = U::values(p);
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
