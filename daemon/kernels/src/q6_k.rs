@@ -155,68 +155,123 @@ mod avx2 {
     impl RowTile for Tiled {
         type Block = Q8KBlock;
         unsafe fn dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+            if R <= 8 {
+                return tiled_dots::<R>(w, a);
+            }
             dots::<true, R>(w, a)
         }
+    }
+
+    /// A block's value vectors `q[v]` (values `32 v..32 v + 32`, unsigned `0..64`),
+    /// their group-scale vectors `s[v]`, the sixteen scales as i16, and `d`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C (inlined into the kernels, which enable them); `wb` readable for
+    /// a block.
+    #[inline(always)]
+    unsafe fn block(wb: *const u8) -> ([__m256i; 8], [__m256i; 8], __m256i, f32) {
+        let m3 = _mm256_set1_epi8(3);
+        let m15 = _mm256_set1_epi8(15);
+        let dw = f16_at(wb.add(D));
+        let scales = _mm_loadu_si128(wb.add(SCALES) as *const __m128i);
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        for j in 0..2 {
+            let q4 = wb.add(64 * j);
+            let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
+            let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
+            let q4bits_h = _mm256_loadu_si256(wb.add(QH + 32 * j) as *const __m256i);
+
+            let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
+            let q4h_1 = _mm256_slli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)));
+            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+            let q4h_3 = _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
+
+            q[4 * j] = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+            q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+            q[4 * j + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
+                q4h_2,
+            );
+            q[4 * j + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
+                q4h_3,
+            );
+            for k in 0..4 {
+                let scale = _mm_shuffle_epi8(scales, scale_shuffle(4 * j + k));
+                s[4 * j + k] = _mm256_cvtepi8_epi16(scale);
+            }
+        }
+        (q, s, scales_16, dw)
+    }
+
+    /// ggml's eight integer lanes of one block and activation row, `− 32 · Σ scale ·
+    /// bsum` applied (exact, so their grouping is free).
+    ///
+    /// # Safety
+    /// AVX2 (inlined into the kernels, which enable it).
+    #[inline(always)]
+    unsafe fn lanes(
+        q: &[__m256i; 8],
+        s: &[__m256i; 8],
+        scales_16: __m256i,
+        ab: &Q8KBlock,
+    ) -> __m256i {
+        let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+        let mut sumi = _mm256_setzero_si256();
+        for v in 0..8 {
+            let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
+            let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
+            sumi = _mm256_add_epi32(sumi, p16);
+        }
+        _mm256_sub_epi32(sumi, q8sclsub)
+    }
+
+    /// [`dots`] on the tiled path for `R ≤ 8` rows with its float chain across the rows:
+    /// the rows' block totals `s1` by one tree of horizontal adds (exact), then lane `r`
+    /// takes row `r`'s `res = f32(s1) · d_w`, `acc = fma(res, d_a, acc)` (tested equal).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tiled_dots<const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
+        const { assert!(R <= 8) };
+        let mut acc = _mm256_setzero_ps();
+        for i in 0..blocks(w, BYTES, &a) {
+            let (q, s, scales_16, dw) = block(w.as_ptr().add(i * BYTES));
+            let mut v = [_mm256_setzero_si256(); 8];
+            let mut da = [0f32; 8];
+            for r in 0..R {
+                let ab = a[r].get_unchecked(i);
+                v[r] = lanes(&q, &s, scales_16, ab);
+                da[r] = ab.d;
+            }
+            // Lane r of `s1`: the sum of `v[r]`'s eight lanes.
+            let h = |x: __m256i, y: __m256i| _mm256_hadd_epi32(x, y);
+            let h03 = h(h(v[0], v[1]), h(v[2], v[3]));
+            let h47 = h(h(v[4], v[5]), h(v[6], v[7]));
+            let s1 = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(h03, h47),
+                _mm256_permute2x128_si256::<0x31>(h03, h47),
+            );
+            let res = _mm256_mul_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(dw));
+            acc = _mm256_fmadd_ps(res, _mm256_loadu_ps(da.as_ptr()), acc);
+        }
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), acc);
+        std::array::from_fn(|r| o[r])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dots<const TILED: bool, const R: usize>(w: &[u8], a: [&[Q8KBlock]; R]) -> [f32; R] {
         let mut tiled = [0f32; R];
-        let m3 = _mm256_set1_epi8(3);
-        let m15 = _mm256_set1_epi8(15);
         let mut acc = [_mm256_setzero_ps(); R];
         for i in 0..blocks(w, BYTES, &a) {
-            let wb = w.as_ptr().add(i * BYTES);
-            let dw = f16_at(wb.add(D));
-            let scales = _mm_loadu_si128(wb.add(SCALES) as *const __m128i);
-            let scales_16 = _mm256_cvtepi8_epi16(scales);
-
-            // Value vector `v = 4 j + k` (values `32 v..32 v + 32`, unsigned `0..64`) and
-            // its two group scales, for every row.
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut s = [_mm256_setzero_si256(); 8];
-            for j in 0..2 {
-                let q4 = wb.add(64 * j);
-                let q4bits1 = _mm256_loadu_si256(q4 as *const __m256i);
-                let q4bits2 = _mm256_loadu_si256(q4.add(32) as *const __m256i);
-                let q4bits_h = _mm256_loadu_si256(wb.add(QH + 32 * j) as *const __m256i);
-
-                let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
-                let q4h_1 =
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)));
-                let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
-                let q4h_3 =
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
-
-                q[4 * j] = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
-                q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
-                q[4 * j + 2] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
-                    q4h_2,
-                );
-                q[4 * j + 3] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
-                    q4h_3,
-                );
-                for k in 0..4 {
-                    let scale = _mm_shuffle_epi8(scales, scale_shuffle(4 * j + k));
-                    s[4 * j + k] = _mm256_cvtepi8_epi16(scale);
-                }
-            }
+            let (q, s, scales_16, dw) = block(w.as_ptr().add(i * BYTES));
 
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
                 let d = ab.d * dw;
-                let q8sums = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-                let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
-                // ggml's lane sums (exact, so their grouping is free).
-                let mut sumi = _mm256_setzero_si256();
-                for v in 0..8 {
-                    let q8 = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * v) as *const __m256i);
-                    let p16 = _mm256_madd_epi16(s[v], _mm256_maddubs_epi16(q[v], q8));
-                    sumi = _mm256_add_epi32(sumi, p16);
-                }
-                sumi = _mm256_sub_epi32(sumi, q8sclsub);
+                let sumi = lanes(&q, &s, scales_16, ab);
                 if TILED {
                     // The lanes sum to `s1` exactly (`− 32` already applied).
                     let res = hsum_i32_8(sumi) as f32 * dw;
