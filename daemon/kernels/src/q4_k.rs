@@ -168,8 +168,11 @@ mod avx2 {
 
     /// A block's nibble vectors `q[v]` (values `32 v..32 v + 32`), their scale vectors
     /// `s[v]`, the eight mins as i16, `d` and `dmin`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C (inlined into the kernels, which enable them; as a function of
+    /// its own it returned its sixteen vectors through memory); `wb` readable for a block.
+    #[inline(always)]
     unsafe fn block(wb: *const u8) -> ([__m256i; 8], [__m256i; 8], __m128i, f32, f32) {
         let m4 = _mm256_set1_epi8(0xf);
         let (dw, minw) = f16_pair_at(wb);
