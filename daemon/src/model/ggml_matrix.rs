@@ -12,8 +12,13 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
 use inferd_kernels::{BatchRow, GgmlType, Isa, QuantMatrix};
 
-use super::q4_1::{matmul_tensor, transpose, PAR_MIN_BLOCK_DOTS};
+use super::q4_1::{matmul_tensor, PAR_MIN_BLOCK_DOTS};
 use super::team;
+
+thread_local! {
+    /// Each thread's weight-row-major products of its current task.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The kernel instruction set of this process ([`Isa::detect`], once).
 pub fn isa() -> Isa {
@@ -118,36 +123,54 @@ impl GgmlMatrix {
         if rows == 0 || n == 0 {
             return Ok(Vec::new());
         }
-        let mut out_t = vec![0f32; n * rows];
         let isa = isa();
         let threads = team::threads();
         // Work in units of 32-value block dot products, as the Q4_1 kernel counts it.
-        if n * rows * (k / 32).max(1) < PAR_MIN_BLOCK_DOTS || threads <= 1 {
-            self.m
-                .matmul_range_paths(isa, &act, 0..n, &paths, &mut out_t)
-                .map_err(candle_core::Error::wrap)?;
+        let per_task = if n * rows * (k / 32).max(1) < PAR_MIN_BLOCK_DOTS || threads <= 1 {
+            n
         } else {
             // About eight tasks per thread, claimed dynamically, in whole weight rows.
-            let per_task = n.div_ceil(threads * 8).max(1);
-            let failed = Mutex::new(None);
-            team::for_each_chunk_mut(&mut out_t, per_task * rows, |i, chunk| {
-                let r0 = i * per_task;
-                let r1 = r0 + chunk.len() / rows;
-                if let Err(e) = self.m.matmul_range_paths(isa, &act, r0..r1, &paths, chunk) {
-                    if let Ok(mut f) = failed.lock() {
-                        f.get_or_insert(e);
+            n.div_ceil(threads * 8).max(1)
+        };
+        // Each task computes its weight rows for every activation row into its thread's
+        // scratch (weight-row major, the kernels' layout) and writes them into its
+        // columns of the row-major output: no zeroed buffer, no separate transpose.
+        let mut out: Vec<std::mem::MaybeUninit<f32>> = Vec::with_capacity(n * rows);
+        // SAFETY: `MaybeUninit` needs no initialisation; every element is written below
+        // before `out` is read (or `out` is dropped unread on an error).
+        unsafe { out.set_len(n * rows) };
+        let failed = Mutex::new(None);
+        team::for_each_column_block(&mut out, n, per_task, |cols, block| {
+            SCRATCH.with_borrow_mut(|buf| {
+                buf.resize(cols.len() * rows, 0.0);
+                match self
+                    .m
+                    .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
+                {
+                    Ok(()) => {
+                        for j in 0..rows {
+                            let dst = block.row_mut(j);
+                            for (d, w) in dst.iter_mut().zip(buf.iter().skip(j).step_by(rows)) {
+                                *d = std::mem::MaybeUninit::new(*w);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(e);
+                        }
                     }
                 }
             });
-            if let Some(e) = failed.into_inner().ok().flatten() {
-                return Err(candle_core::Error::wrap(e));
-            }
+        });
+        if let Some(e) = failed.into_inner().ok().flatten() {
+            return Err(candle_core::Error::wrap(e));
         }
-        Ok(if rows == 1 {
-            out_t
-        } else {
-            transpose(&out_t, n, rows)
-        })
+        let mut out = std::mem::ManuallyDrop::new(out);
+        let (ptr, len, cap) = (out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity());
+        // SAFETY: every task succeeded, so every element was written; `MaybeUninit<f32>`
+        // and `f32` have the same size and alignment, and the allocation changes hands.
+        Ok(unsafe { Vec::from_raw_parts(ptr, len, cap) })
     }
 
     /// Rows `ids` dequantized (ggml's `dequantize_row_*`): `ids.len() × k` values.

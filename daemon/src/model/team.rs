@@ -253,6 +253,71 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// The columns `cols` of a row-major `(rows, n)` matrix, one task's to write
+/// ([`for_each_column_block`]).
+pub struct ColumnBlock<'a, T> {
+    base: SendPtr<T>,
+    n: usize,
+    rows: usize,
+    cols: std::ops::Range<usize>,
+    _data: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<T> ColumnBlock<'_, T> {
+    /// Row `j`'s elements in this block's columns.
+    ///
+    /// # Panics
+    /// If `j` is not below the matrix's row count.
+    pub fn row_mut(&mut self, j: usize) -> &mut [T] {
+        assert!(j < self.rows, "row {j} of {}", self.rows);
+        // SAFETY: `j · n + cols` lies inside the matrix (checked by the caller of
+        // `for_each_column_block`), and no other block has these columns.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.0.add(j * self.n + self.cols.start),
+                self.cols.len(),
+            )
+        }
+    }
+}
+
+/// Calls `f(cols, block)` on the team for the column ranges `cols` of `chunk` columns
+/// (the last may be narrower) of the row-major `(data.len() / n, n)` matrix `data`.
+///
+/// # Panics
+/// If `data.len()` is not a multiple of `n`.
+pub fn for_each_column_block<T: Send>(
+    data: &mut [T],
+    n: usize,
+    chunk: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut ColumnBlock<'_, T>) + Sync,
+) {
+    if n == 0 {
+        return;
+    }
+    assert!(
+        data.len().is_multiple_of(n),
+        "{} values in rows of {n}",
+        data.len()
+    );
+    let rows = data.len() / n;
+    let chunk = chunk.max(1);
+    let base = SendPtr(data.as_mut_ptr());
+    run(n.div_ceil(chunk), &|i| {
+        let cols = i * chunk..((i + 1) * chunk).min(n);
+        #[allow(clippy::redundant_locals)]
+        let base = base;
+        let mut block = ColumnBlock {
+            base,
+            n,
+            rows,
+            cols: cols.clone(),
+            _data: std::marker::PhantomData,
+        };
+        f(cols, &mut block);
+    });
+}
+
 /// `[f(0), .., f(n − 1)]` computed on the team.
 pub fn map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
