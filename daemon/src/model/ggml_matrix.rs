@@ -147,14 +147,7 @@ impl GgmlMatrix {
                     .m
                     .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
                 {
-                    Ok(()) => {
-                        for j in 0..rows {
-                            let dst = block.row_mut(j);
-                            for (d, w) in dst.iter_mut().zip(buf.iter().skip(j).step_by(rows)) {
-                                *d = std::mem::MaybeUninit::new(*w);
-                            }
-                        }
-                    }
+                    Ok(()) => transpose_into(buf, rows, cols.len(), block),
                     Err(e) => {
                         if let Ok(mut f) = failed.lock() {
                             f.get_or_insert(e);
@@ -184,6 +177,41 @@ impl GgmlMatrix {
     }
 }
 
+/// `block.row_mut(j)[c] = src[c · rows + j]` for the `cols × rows` weight-row-major
+/// `src`: in 8 × 8 tiles (contiguous loads of eight activation rows, stores of eight
+/// columns), the edges one value at a time.
+fn transpose_into(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    block: &mut team::ColumnBlock<'_, std::mem::MaybeUninit<f32>>,
+) {
+    const T: usize = 8;
+    let (rows_t, cols_t) = (rows / T * T, cols / T * T);
+    for j0 in (0..rows_t).step_by(T) {
+        for c0 in (0..cols_t).step_by(T) {
+            let mut t = [[0f32; T]; T];
+            for (cc, tc) in t.iter_mut().enumerate() {
+                let o = (c0 + cc) * rows + j0;
+                tc.copy_from_slice(&src[o..o + T]);
+            }
+            for jj in 0..T {
+                let dst = &mut block.row_mut(j0 + jj)[c0..c0 + T];
+                for (d, tc) in dst.iter_mut().zip(&t) {
+                    *d = std::mem::MaybeUninit::new(tc[jj]);
+                }
+            }
+        }
+    }
+    for j in 0..rows {
+        let dst = block.row_mut(j);
+        let c_start = if j < rows_t { cols_t } else { 0 };
+        for (c, d) in dst.iter_mut().enumerate().skip(c_start) {
+            *d = std::mem::MaybeUninit::new(src[c * rows + j]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::GgmlMatrix;
@@ -191,6 +219,35 @@ mod tests {
     use crate::model::q8_0::Q8_0Matrix;
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
+
+    /// Every tile and edge of the transposition into column blocks: rows and columns
+    /// below, at and past multiples of 8, blocks of several widths.
+    #[test]
+    fn transpose_into_column_blocks() {
+        for (rows, n, chunk) in [
+            (13, 19, 19),
+            (16, 40, 8),
+            (3, 5, 2),
+            (9, 37, 12),
+            (1, 11, 4),
+        ] {
+            let src: Vec<f32> = (0..rows * n).map(|i| i as f32).collect();
+            let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); rows * n];
+            super::team::for_each_column_block(&mut out, n, chunk, |cols, block| {
+                // This block's weight-row-major part of `src^T`.
+                let part: Vec<f32> = cols
+                    .clone()
+                    .flat_map(|c| (0..rows).map(move |j| (j * n + c) as f32))
+                    .collect();
+                super::transpose_into(&part, rows, cols.len(), block);
+            });
+            for (i, (o, s)) in out.iter().zip(&src).enumerate() {
+                // SAFETY: every element was initialised (NaN, then the transposed value).
+                let v = unsafe { o.assume_init() };
+                assert_eq!(v, *s, "rows {rows}, n {n}, chunk {chunk}: element {i}");
+            }
+        }
+    }
 
     fn random(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
