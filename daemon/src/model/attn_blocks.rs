@@ -239,21 +239,24 @@ mod x86 {
     }
 }
 
+/// Seeded values in `[-1, 1]` (xorshift) for the attention tests.
+#[cfg(test)]
+pub(super) fn test_values(len: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_values as values_of;
     use super::*;
-
-    fn values_of(len: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
 
     fn check<const R: usize>(hd: usize, kv: usize) {
         let kt = values_of(hd * TILE, 1);

@@ -220,6 +220,7 @@ pub fn tiled_row(pos: usize, prompt_len: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::attn_blocks::test_values as values;
     use super::*;
 
     /// The kernel before its rows were blocked, one query row at a time: the oracle
@@ -299,18 +300,6 @@ mod tests {
             acc.iter_mut().for_each(|a| *a *= inv);
         }
         out
-    }
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
     }
 
     /// Row blocks of 4, 3, 2 and 1 rows, several key tiles, a cached prefix, a sliding
