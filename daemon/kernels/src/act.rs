@@ -60,7 +60,19 @@ impl<A: ActFormat> Activations<A> {
         xs: &[f32],
         rows: usize,
         k: usize,
-        gemm: impl Fn(usize) -> bool,
+        gemm: impl Fn(usize) -> bool + Sync,
+    ) -> Result<Self, KernelError> {
+        Self::quantize_par(xs, rows, k, gemm, &|n, f| (0..n).for_each(f))
+    }
+
+    /// [`Self::quantize_for`] in tasks of [`PAR_ROWS`] rows run by `par` (each row is
+    /// converted on its own, so the blocks are the same whatever runs them).
+    pub fn quantize_par(
+        xs: &[f32],
+        rows: usize,
+        k: usize,
+        gemm: impl Fn(usize) -> bool + Sync,
+        par: ParFor<'_>,
     ) -> Result<Self, KernelError> {
         if !k.is_multiple_of(A::BLOCK_VALUES) {
             return Err(KernelError::Activations(format!(
@@ -77,15 +89,31 @@ impl<A: ActFormat> Activations<A> {
         }
         let per_row = k / A::BLOCK_VALUES;
         let mut blocks = vec![A::ZERO; rows * per_row];
-        if per_row > 0 {
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1") {
-                // SAFETY: the features were detected.
-                unsafe { quantize_rows_x86::<A>(xs, k, per_row, &mut blocks, &gemm) };
-                return Ok(Self { rows, k, blocks });
-            }
-            quantize_rows::<A>(xs, k, per_row, &mut blocks, &gemm);
+        if per_row == 0 || rows == 0 {
+            return Ok(Self { rows, k, blocks });
         }
+        #[cfg(target_arch = "x86_64")]
+        let x86 = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1");
+        let base = SendPtr(blocks.as_mut_ptr());
+        par(rows.div_ceil(PAR_ROWS), &|t| {
+            let (r0, r1) = (t * PAR_ROWS, ((t + 1) * PAR_ROWS).min(rows));
+            #[allow(clippy::redundant_locals)]
+            let base = base;
+            // SAFETY: task `t` owns rows `r0..r1` of `blocks`, disjoint from every other
+            // task's, and `blocks` outlives `par`.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(base.0.add(r0 * per_row), (r1 - r0) * per_row)
+            };
+            let x = &xs[r0 * k..r1 * k];
+            let gemm = |j: usize| gemm(r0 + j);
+            #[cfg(target_arch = "x86_64")]
+            if x86 {
+                // SAFETY: the features were detected.
+                unsafe { quantize_rows_x86::<A>(x, k, per_row, out, &gemm) };
+                return;
+            }
+            quantize_rows::<A>(x, k, per_row, out, &gemm);
+        });
         Ok(Self { rows, k, blocks })
     }
 
@@ -106,6 +134,26 @@ impl<A: ActFormat> Activations<A> {
         &self.blocks[j * per_row..(j + 1) * per_row]
     }
 }
+
+/// A parallel for: `par(n, f)` calls `f(0)` … `f(n − 1)`, in any order and on any
+/// threads, and returns when all have returned (the daemon passes its compute team).
+pub type ParFor<'a> = &'a (dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync);
+
+/// Rows per task of [`Activations::quantize_par`].
+pub const PAR_ROWS: usize = 32;
+
+/// A pointer to blocks that tasks write disjoint parts of.
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: `quantize_par` gives each task a disjoint range of rows.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// The rows of [`Activations::quantize_for`].
 #[inline(always)]
@@ -405,6 +453,40 @@ mod tests {
                 .map(|c| i16::from_le_bytes([c[0], c[1]]))
                 .collect();
             assert_eq!(ours.bsums.to_vec(), s);
+        }
+    }
+
+    /// Rows converted by tasks on other threads, in reverse order, give the serial
+    /// blocks; the gemm rows keep their own rule across task boundaries.
+    #[test]
+    fn parallel_tasks_give_the_serial_blocks() {
+        let (rows, k) = (3 * PAR_ROWS + 5, 512);
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+            .collect();
+        let gemm = |j: usize| j % 3 == 1;
+        let par: ParFor<'_> = &|n, f| {
+            std::thread::scope(|s| {
+                for i in (0..n).rev() {
+                    s.spawn(move || f(i));
+                }
+            })
+        };
+        let serial = Activations::<Q8K>::quantize_for(&x, rows, k, gemm).unwrap();
+        let tasks = Activations::<Q8K>::quantize_par(&x, rows, k, gemm, par).unwrap();
+        for j in 0..rows {
+            for (a, b) in serial.row(j).iter().zip(tasks.row(j)) {
+                assert_eq!(
+                    (a.d.to_bits(), a.qs, a.bsums),
+                    (b.d.to_bits(), b.qs, b.bsums),
+                    "row {j}"
+                );
+            }
+        }
+        let serial = Activations::<Q8_0>::quantize_for(&x, rows, k, gemm).unwrap();
+        let tasks = Activations::<Q8_0>::quantize_par(&x, rows, k, gemm, par).unwrap();
+        for j in 0..rows {
+            assert_eq!(serial.row(j), tasks.row(j), "row {j}");
         }
     }
 

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::act::{self, ActFormat, Activations};
+use crate::act::{self, ActFormat, Activations, ParFor};
 use crate::paths::{self, BatchRow, Path};
 use crate::tiles::TILE;
 use crate::{GgmlType, Isa, KernelError, Quant};
@@ -72,6 +72,7 @@ pub trait Kernel: Send + Sync {
         rows: usize,
         k: usize,
         paths: &[Path],
+        par: ParFor<'_>,
     ) -> Result<AnyActivations, KernelError>;
     /// `out[(r − features.start) · rows + j] = w_r · a_j` for every activation row `j`
     /// (of `rows`) and weight row `r` in `features` (weight-row major, so that threads
@@ -110,9 +111,12 @@ where
         rows: usize,
         k: usize,
         paths: &[Path],
+        par: ParFor<'_>,
     ) -> Result<AnyActivations, KernelError> {
         let gemm = |j: usize| paths.get(j) == Some(&Path::Gemm);
-        Ok(Q::Act::wrap(Activations::quantize_for(xs, rows, k, gemm)?))
+        Ok(Q::Act::wrap(Activations::quantize_par(
+            xs, rows, k, gemm, par,
+        )?))
     }
 
     fn matmul_range(
@@ -295,7 +299,7 @@ impl QuantMatrix {
 
     /// Converts `rows × k` activations to this type's activation format.
     pub fn quantize(&self, xs: &[f32], rows: usize) -> Result<AnyActivations, KernelError> {
-        self.kernel.quantize(xs, rows, self.k, &[])
+        self.quantize_par(xs, rows, &[], &|n, f| (0..n).for_each(f))
     }
 
     /// llama.cpp's kernel for each activation row, from the rows' places in its
@@ -315,7 +319,19 @@ impl QuantMatrix {
         rows: usize,
         paths: &[Path],
     ) -> Result<AnyActivations, KernelError> {
-        self.kernel.quantize(xs, rows, self.k, paths)
+        self.quantize_par(xs, rows, paths, &|n, f| (0..n).for_each(f))
+    }
+
+    /// [`Self::quantize_for`] with the rows converted in tasks run by `par`
+    /// ([`act::Activations::quantize_par`]; the same blocks).
+    pub fn quantize_par(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        paths: &[Path],
+        par: ParFor<'_>,
+    ) -> Result<AnyActivations, KernelError> {
+        self.kernel.quantize(xs, rows, self.k, paths, par)
     }
 
     /// Outputs for weight rows `features` (see [`Kernel::matmul_range`]); threads call

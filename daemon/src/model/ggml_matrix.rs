@@ -118,7 +118,7 @@ impl GgmlMatrix {
         };
         let act = self
             .m
-            .quantize_for(xs, rows, &paths)
+            .quantize_par(xs, rows, &paths, &|n, f| team::run(n, f))
             .map_err(candle_core::Error::wrap)?;
         if rows == 0 || n == 0 {
             return Ok(Vec::new());
