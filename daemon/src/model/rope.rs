@@ -129,6 +129,46 @@ impl RopeTable {
     /// NEOX: candle's `rope` (`x_i cos − x_{i+d/2} sin`, `x_i sin + x_{i+d/2} cos`);
     /// under [`Numerics::Ggml`] ggml's fused form ([`super::ggml_ops::rotate`]).
     pub fn apply_host(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[u32]) {
+        /// Rows per task when a prompt's rows are spread over the compute team.
+        const ROWS: usize = 32;
+        let width = heads * head_dim;
+        let rows = |t0: usize, chunk: &mut [f32]| {
+            let n = chunk.len() / width.max(1);
+            self.apply_rows(chunk, heads, head_dim, &positions[t0..t0 + n]);
+        };
+        if positions.len() > ROWS && super::team::threads() > 1 && width > 0 {
+            let x = &mut x[..positions.len() * width];
+            super::team::for_each_chunk_mut(x, ROWS * width, |i, chunk| rows(i * ROWS, chunk));
+        } else {
+            rows(0, x);
+        }
+    }
+
+    /// [`Self::apply_host`] for the rows of `x`, compiled with FMA where the CPU has it
+    /// (`mul_add` is exactly rounded either way; without the feature it is a call).
+    fn apply_rows(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[u32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("fma") {
+            // SAFETY: FMA was detected; the function only changes how `mul_add` compiles.
+            return unsafe { self.apply_rows_fma(x, heads, head_dim, positions) };
+        }
+        self.apply_rows_plain(x, heads, head_dim, positions);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn apply_rows_fma(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        head_dim: usize,
+        positions: &[u32],
+    ) {
+        self.apply_rows_plain(x, heads, head_dim, positions);
+    }
+
+    #[inline(always)]
+    fn apply_rows_plain(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[u32]) {
         let half = self.dim / 2;
         for (t, &pos) in positions.iter().enumerate() {
             let p = pos as usize;
