@@ -66,7 +66,8 @@ impl<A: ActFormat> Activations<A> {
     }
 
     /// [`Self::quantize_for`] in tasks of [`PAR_ROWS`] rows run by `par` (each row is
-    /// converted on its own, so the blocks are the same whatever runs them).
+    /// converted on its own, so the blocks are the same whatever runs them). A task that
+    /// `par` does not run leaves its rows zero; one it runs twice is done once.
     pub fn quantize_par(
         xs: &[f32],
         rows: usize,
@@ -95,12 +96,20 @@ impl<A: ActFormat> Activations<A> {
         #[cfg(target_arch = "x86_64")]
         let x86 = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1");
         let base = SendPtr(blocks.as_mut_ptr());
-        par(rows.div_ceil(PAR_ROWS), &|t| {
+        let n_tasks = rows.div_ceil(PAR_ROWS);
+        // Each task's rows are written at most once, whatever `par` does.
+        let claimed: Vec<std::sync::atomic::AtomicBool> = (0..n_tasks)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
+        par(n_tasks, &|t| {
+            if claimed[t].swap(true, std::sync::atomic::Ordering::AcqRel) {
+                return;
+            }
             let (r0, r1) = (t * PAR_ROWS, ((t + 1) * PAR_ROWS).min(rows));
             #[allow(clippy::redundant_locals)]
             let base = base;
-            // SAFETY: task `t` owns rows `r0..r1` of `blocks`, disjoint from every other
-            // task's, and `blocks` outlives `par`.
+            // SAFETY: task `t` (claimed once above) owns rows `r0..r1` of `blocks`,
+            // disjoint from every other task's, and `blocks` outlives `par`.
             let out = unsafe {
                 std::slice::from_raw_parts_mut(base.0.add(r0 * per_row), (r1 - r0) * per_row)
             };
