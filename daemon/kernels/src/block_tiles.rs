@@ -73,9 +73,9 @@ const PREFILL_MIN: usize = 4;
 /// Weight rows per tile for one to three activation rows (decode): independent FMA
 /// chains for one activation row.
 const W_DECODE: usize = 4;
-/// How many weight tiles ahead the decode tiles prefetch: the hardware prefetcher
-/// follows one stream well but not a tile's interleaved rows.
-const AHEAD: usize = 8;
+/// How far ahead of a decode tile (bytes) its weights are prefetched: the hardware
+/// prefetcher follows one stream well but not a tile's interleaved rows.
+const AHEAD_BYTES: usize = 4096;
 
 /// `out[i · stride + (j − rows.start)] = vec_dot(w_i, a_j)` for the weight rows `w_i`
 /// of `w` (`row_bytes` each) and the activation rows `j` in `rows`.
@@ -115,14 +115,19 @@ unsafe fn decode_rows<U: BiasedBlock>(
     out: &mut [f32],
     stride: usize,
 ) {
+    // The first tiles' bytes, which no tile before them prefetches.
+    let head = AHEAD_BYTES.min(wrows.len * wrows.row_bytes);
+    for l in (0..head).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(wrows.p.wrapping_add(l) as *const i8);
+    }
     let mut i = 0;
     macro_rules! weight_tiles {
         ($w:expr) => {
             while wrows.len - i >= $w {
                 let ws: [*const u8; $w] = std::array::from_fn(|t| wrows.at(i + t));
-                // The rows `AHEAD` tiles on (at most the last row of `w`), prefetched
-                // while this tile is computed.
-                let ahead = (AHEAD * $w).min(wrows.len - i - $w) * wrows.row_bytes;
+                // The bytes `AHEAD_BYTES` on (at most to the last rows of `w`: those
+                // after it are another task's), prefetched while this tile is computed.
+                let ahead = AHEAD_BYTES.min((wrows.len - i - $w) * wrows.row_bytes);
                 let mut j = rows.start;
                 macro_rules! act_tiles {
                     ($r:expr) => {
@@ -165,12 +170,20 @@ unsafe fn decode_dots<U: BiasedBlock, const W: usize, const R: usize>(
     debug_assert!(a.iter().all(|r| r.len() >= n));
     let bias = _mm256_set1_epi8(U::BIAS as i8);
     let mut acc = [[_mm256_setzero_ps(); R]; W];
+    // The tile `ahead` bytes on is contiguous (`W` consecutive rows): prefetched as one
+    // stream, `W · BYTES` bytes a block.
+    let pf = ws[0].wrapping_add(ahead);
     for i in 0..n {
         let mut u = [_mm256_setzero_si256(); W];
         let mut dw = [_mm256_setzero_ps(); W];
+        let q = pf.wrapping_add(i * W * U::BYTES);
+        let mut l = 0;
+        while l < W * U::BYTES {
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(l) as *const i8);
+            l += 64;
+        }
         for t in 0..W {
             let p = ws[t].add(i * U::BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             u[t] = U::biased(p);
             dw[t] = f16_splat8(p);
         }
