@@ -12,15 +12,13 @@ use inferd_kernels::BatchRow;
 
 use super::ggml_matrix::{ggml_type, GgmlMatrix};
 use super::q4_1::Q4_1Matrix;
-use super::q8_0::Q8_0Matrix;
 
 /// Which kernels run the matrices (`model.kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernels {
     /// Our CPU kernels for every ggml type of a GGUF file (ggml's numerics at SIMD
-    /// speed: [`super::q4_1`], [`super::q8_0`], and [`super::ggml_matrix`] for the
-    /// others, F16/BF16/F32 included); Hugging Face weights use candle's gemm in their
+    /// speed: [`super::q4_1`] for Q4_1, [`super::ggml_matrix`] for the others, F16/BF16/F32 included); Hugging Face weights use candle's gemm in their
     /// stored dtype (what transformers does); CUDA uses candle's kernels.
     Native,
     /// candle's `QMatMul` for every quantized type (portable; the reference the native
@@ -168,8 +166,6 @@ pub enum Matrix {
     Quant(QMatMul),
     /// Our Q4_1 kernel.
     Q4_1(Q4_1Matrix),
-    /// Our Q8_0 kernel.
-    Q8_0(Q8_0Matrix),
     /// Our kernel for any other ggml type ([`GgmlMatrix`]).
     Ggml(GgmlMatrix),
     /// A dense matrix in its stored dtype (F32/F16/BF16): the activations are cast to
@@ -207,9 +203,6 @@ impl Matrix {
             RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q4_1 => {
                 Matrix::Q4_1(Q4_1Matrix::from_qtensor(&t)?)
             }
-            RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q8_0 => {
-                Matrix::Q8_0(Q8_0Matrix::from_qtensor(&t)?)
-            }
             RawMatrix::Quant(t) if native && ggml_type(t.dtype()).is_some() => {
                 Matrix::Ggml(GgmlMatrix::from_qtensor(&t)?)
             }
@@ -228,7 +221,6 @@ impl Matrix {
     pub fn dims(&self) -> (usize, usize) {
         match self {
             Matrix::Q4_1(m) => m.shape(),
-            Matrix::Q8_0(m) => m.shape(),
             Matrix::Ggml(m) => m.shape(),
             Matrix::Quant(QMatMul::QTensor(t)) => t.shape().dims2().unwrap_or((0, 0)),
             Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Matrix::Dense(t) => {
@@ -245,7 +237,6 @@ impl Matrix {
         match self {
             Matrix::Quant(m) => m.forward(x),
             Matrix::Q4_1(m) => m.forward(x),
-            Matrix::Q8_0(m) => m.forward(x),
             Matrix::Ggml(m) => m.forward(x),
             Matrix::Dense(w) => {
                 let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
@@ -261,7 +252,6 @@ impl Matrix {
     pub fn forward_host(&self, xs: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
         match self {
             Matrix::Q4_1(m) => Ok(m.matmul_host(xs, rows)),
-            Matrix::Q8_0(m) => Ok(m.matmul_host(xs, rows)),
             Matrix::Ggml(m) => m.matmul_host(xs, rows),
             Matrix::Quant(_) | Matrix::Dense(_) => {
                 let k = xs.len().checked_div(rows).unwrap_or(0);
@@ -273,7 +263,7 @@ impl Matrix {
 
     /// [`Self::forward_host`] with each row on llama.cpp's kernel for its place `batch[j]`
     /// in llama.cpp's micro-batch ([`GgmlMatrix::matmul_host_batch`]); only matrices on
-    /// our ggml kernels have other kernels than `vec_dot` (Q4_1 and Q8_0 have none).
+    /// our ggml kernels have other kernels than `vec_dot` (Q4_1 has none).
     ///
     /// # Errors
     /// As [`Self::forward_host`]; `batch` neither empty nor `rows` long.
@@ -300,7 +290,6 @@ impl Matrix {
             candle_core::bail!("token id {bad} is out of range for {n} embedding rows");
         }
         match self {
-            Matrix::Q8_0(m) => m.rows_dequantized(ids),
             Matrix::Ggml(m) => m.rows_dequantized(ids),
             Matrix::Q4_1(_) => candle_core::bail!("Q4_1 rows are not readable for embeddings"),
             Matrix::Quant(QMatMul::QTensor(t)) => {

@@ -6,7 +6,7 @@
 //!
 //! Layout: `spec.rs` (what differs between architectures, as data), `source/` (GGUF and
 //! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type over
-//! the kernels `q4_1.rs`, `q8_0.rs`, `ggml_matrix.rs` (every other ggml type, on the
+//! the kernels `q4_1.rs`, `ggml_matrix.rs` (every other ggml type, on the
 //! `inferd-kernels` crate) and candle's), `transformer.rs` (the decoder loop),
 //! `host.rs` / `ops.rs` (its backends), `rope.rs`, `moe.rs`, `kv_pool.rs`,
 //! `cpu_attention.rs` (with `cpu_attention_tiled.rs` and its `attn_blocks.rs`), `team.rs` (compute threads).
@@ -22,7 +22,6 @@ pub mod matrix;
 pub mod moe;
 pub mod ops;
 pub mod q4_1;
-pub mod q8_0;
 pub mod rope;
 pub mod source;
 pub mod spec;
