@@ -14,20 +14,36 @@ use crate::request::SamplingParams;
 /// `internal` when `logits` is empty or every logit is −∞ or NaN (the model produced
 /// no usable distribution).
 pub fn argmax(logits: &[f32]) -> Result<u32, InferError> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() || l == f32::NEG_INFINITY {
-            continue;
-        }
-        // Strict `>`: the first (lowest id) of equal maxima wins.
-        if best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
+    // Two branch-free passes that the compiler vectorizes (a 262k vocabulary at 16
+    // streams made the one-pass scalar loop 5 % of a step): the maximum (`f32::max`
+    // skips NaN), then the first logit equal to it.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = m.max(l);
         }
     }
-    match best {
-        Some((i, _)) => Ok(i as u32),
-        None => Err(no_distribution(logits.len())),
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return Err(no_distribution(logits.len()));
     }
+    // The first (lowest id) of equal maxima wins.
+    let mut start = 0;
+    for c in logits.chunks(LANES) {
+        if c.iter().fold(false, |hit, &l| hit | (l == max)) {
+            if let Some(j) = c.iter().position(|&l| l == max) {
+                return Ok((start + j) as u32);
+            }
+        }
+        start += c.len();
+    }
+    Err(no_distribution(logits.len()))
 }
 
 fn no_distribution(vocab: usize) -> InferError {
@@ -169,6 +185,45 @@ mod tests {
         let mut s = Sampler::new(&params(0.0, 0, 1.0, 0.0, 1));
         assert!(s.is_greedy());
         assert_eq!(s.sample(&[0.5, 7.25, 7.25, -3.0]), Ok(1));
+    }
+
+    /// The vectorized argmax against the plain definition (first of the largest
+    /// non-NaN, non-−∞ logits) on vocabularies around the lane width, with NaN, ±∞ and
+    /// ties placed across chunk boundaries.
+    #[test]
+    fn argmax_equals_the_scalar_definition() {
+        fn scalar(l: &[f32]) -> Option<u32> {
+            let mut best: Option<(usize, f32)> = None;
+            for (i, &x) in l.iter().enumerate() {
+                if !x.is_nan() && x != f32::NEG_INFINITY && best.is_none_or(|(_, b)| x > b) {
+                    best = Some((i, x));
+                }
+            }
+            best.map(|(i, _)| i as u32)
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for len in [1usize, 15, 16, 17, 33, 100, 1000] {
+            for _ in 0..50 {
+                let mut l: Vec<f32> = (0..len).map(|_| rng.random_range(-4.0..4.0)).collect();
+                for _ in 0..len / 8 + 1 {
+                    let i = rng.random_range(0..len);
+                    l[i] = match rng.random_range(0..5) {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => 4.0, // a tie with any other 4.0 placed
+                        3 => -0.0,
+                        _ => l[i],
+                    };
+                }
+                assert_eq!(argmax(&l).ok(), scalar(&l), "{l:?}");
+            }
+        }
+        let mut l = vec![1.0f32; 40];
+        l[35] = f32::INFINITY;
+        l[17] = f32::INFINITY;
+        assert_eq!(argmax(&l), Ok(17));
+        assert!(argmax(&[f32::NAN; 20]).is_err());
+        assert!(argmax(&[]).is_err());
     }
 
     #[test]
