@@ -60,3 +60,5 @@ mod gemma3_parity_tests;
 mod parity_tests;
 #[cfg(test)]
 mod quant_parity_tests;
+#[cfg(test)]
+mod step_timing_tests;
