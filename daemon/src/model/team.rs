@@ -217,7 +217,7 @@ pub fn run(n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 /// from their backs. So a thread's tasks are consecutive (a decode step's weight rows
 /// stream from memory in one run per thread, which the hardware prefetcher follows;
 /// handing out tasks round-robin made each thread's reads jump: the default file's
-/// decode step 4.7 -> 3.5 ms), and a thread slowed down by other load on the machine
+/// decode step, first quartile, 5.0 -> 4.0 ms), and a thread slowed down by other load on the machine
 /// still has its work taken by the others.
 struct Segments(Vec<AtomicU64>);
 
