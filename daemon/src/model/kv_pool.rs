@@ -101,6 +101,19 @@ enum LayerStore {
 }
 
 /// Refuses an empty pool.
+/// `n` zero f16 values from the allocator's zeroed memory (`calloc`: for a pool this
+/// large, fresh pages that the OS maps in only when a block is first written), so a
+/// pool costs resident memory for the blocks sequences have used, not for its whole
+/// size up front. (`vec![f16::ZERO; n]` writes every value: `f16` is not one of the
+/// types whose zero the standard library recognises.)
+fn zeroed_f16(n: usize) -> Vec<f16> {
+    let v = std::mem::ManuallyDrop::new(vec![0u16; n]);
+    let (ptr, len, cap) = (v.as_ptr().cast_mut(), v.len(), v.capacity());
+    // SAFETY: `f16` is `repr(transparent)` over `u16` (same size and alignment, every
+    // bit pattern valid), and the allocation changes hands without being freed.
+    unsafe { Vec::from_raw_parts(ptr.cast::<f16>(), len, cap) }
+}
+
 fn check_pool_size(block_size: usize, num_blocks: usize) -> candle_core::Result<()> {
     if block_size == 0 || num_blocks == 0 {
         candle_core::bail!(
@@ -195,8 +208,8 @@ impl KvBlockPool {
             let n = blocks * self.block_elems();
             Ok(match self.dtype {
                 KvDtype::F16 => LayerStore::Host {
-                    k: vec![f16::ZERO; n],
-                    v: vec![f16::ZERO; n],
+                    k: zeroed_f16(n),
+                    v: zeroed_f16(n),
                 },
                 KvDtype::F32 => LayerStore::HostF32 {
                     k: vec![0.0; n],
@@ -231,8 +244,12 @@ impl KvBlockPool {
             };
             match (&mut self.layers[i], extra) {
                 (LayerStore::Host { k, v }, _) => {
-                    k.resize(elems, f16::ZERO);
-                    v.resize(elems, f16::ZERO);
+                    for x in [k, v] {
+                        // Into zeroed memory: only the values kept are written.
+                        let mut grown = zeroed_f16(elems);
+                        grown[..x.len()].copy_from_slice(x);
+                        *x = grown;
+                    }
                 }
                 (LayerStore::HostF32 { k, v }, _) => {
                     k.resize(elems, 0.0);
