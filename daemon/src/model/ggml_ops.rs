@@ -59,13 +59,26 @@ pub fn v_expf(x: f32) -> f32 {
 }
 
 /// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
-/// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest.
+/// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest. The
+/// chunks are a loop of their own so that it vectorizes (each lane's operations are
+/// the same IEEE operations either way, so the bits do not depend on it).
 #[inline(always)]
 fn swiglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
-    let vec = g.len() / 16 * 16;
-    for (i, ((d, &x), &y)) in out.iter_mut().zip(g).zip(u).enumerate() {
-        let e = if i < vec { v_expf(0.0 - x) } else { (-x).exp() };
-        *d = x / (1.0 + e) * y;
+    let vec = g.len().min(u.len()).min(out.len()) / 16 * 16;
+    let (o16, o_tail) = out.split_at_mut(vec);
+    let (g16, g_tail) = g.split_at(vec);
+    let (u16, u_tail) = u.split_at(vec);
+    for ((d, x), y) in o16
+        .chunks_exact_mut(16)
+        .zip(g16.chunks_exact(16))
+        .zip(u16.chunks_exact(16))
+    {
+        for j in 0..16 {
+            d[j] = x[j] / (1.0 + v_expf(0.0 - x[j])) * y[j];
+        }
+    }
+    for ((d, &x), &y) in o_tail.iter_mut().zip(g_tail).zip(u_tail) {
+        *d = x / (1.0 + (-x).exp()) * y;
     }
 }
 
@@ -108,10 +121,26 @@ fn geglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
 /// `act(gate) · up` for one row, as ggml's fused GLU ops compute it.
 pub fn glu_row(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("fma") {
-        // SAFETY: FMA was detected.
-        return unsafe { glu_row_fma(act, g, u, out) };
+    {
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX-512 F, AVX2 (implied) and FMA were detected.
+            return unsafe { glu_row_avx512(act, g, u, out) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { glu_row_fma(act, g, u, out) };
+        }
     }
+    glu_row_body(act, g, u, out);
+}
+
+/// [`glu_row`] compiled for AVX-512 (sixteen lanes of `v_expf` per instruction).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn glu_row_avx512(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     glu_row_body(act, g, u, out);
 }
 
@@ -123,13 +152,13 @@ fn glu_row_body(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
-/// [`glu_row`] compiled with FMA: `v_expf`'s `mul_add`s become instructions instead of
-/// libm `fmaf` calls (the same, exactly rounded, results).
+/// [`glu_row`] compiled with AVX2 and FMA: `v_expf`'s `mul_add`s become instructions
+/// instead of libm `fmaf` calls (the same, exactly rounded, results).
 ///
 /// # Safety
-/// The CPU must have FMA.
+/// The CPU must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn glu_row_fma(act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     glu_row_body(act, g, u, out);
 }
@@ -190,6 +219,29 @@ mod tests {
             let (r, e) = (v_expf(x), f64::from(x).exp());
             assert!(r < f32::MIN_POSITIVE, "{x}: {r}");
             assert!((f64::from(r) - e).abs() <= 1.5e-45, "{x}: {r} vs {e}");
+        }
+    }
+
+    /// The vectorized SwiGLU row (whichever instruction set `glu_row` picks) gives the
+    /// bits of the one-value-at-a-time formula: `v_expf` on the 16-lane chunks, libm's
+    /// `expf` on the tail (37 values: two chunks and five left over).
+    #[test]
+    fn swiglu_row_equals_the_scalar_formula() {
+        #[inline(never)]
+        fn one(i: usize, vec: usize, x: f32, y: f32) -> f32 {
+            let e = if i < vec { v_expf(0.0 - x) } else { (-x).exp() };
+            x / (1.0 + e) * y
+        }
+        let g: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 241) as f32 * 1.01 - 120.0)
+            .chain([-0.0, 88.7, -88.7, 1e-30, -103.5])
+            .collect();
+        let u: Vec<f32> = (0..g.len()).map(|i| 0.5 + i as f32 * 0.37).collect();
+        let mut out = vec![0f32; g.len()];
+        glu_row(Activation::Silu, &g, &u, &mut out);
+        let vec = g.len() / 16 * 16;
+        for (i, ((&x, &y), &o)) in g.iter().zip(&u).zip(&out).enumerate() {
+            assert_eq!(o.to_bits(), one(i, vec, x, y).to_bits(), "value {i}: x {x}");
         }
     }
 
