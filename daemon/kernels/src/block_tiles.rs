@@ -38,6 +38,7 @@ use std::ops::Range;
 
 use crate::act::{Activations, Q8Block, Q8_0};
 use crate::lanes::x86::{f16_splat8, hsum_float_8};
+use crate::layout::{Interleave, PREFILL_MIN};
 use crate::tiles::x86::LegacyBlock;
 use std::arch::x86_64::*;
 
@@ -52,24 +53,37 @@ pub trait BiasedBlock: LegacyBlock {
     unsafe fn biased(p: *const u8) -> __m256i;
 }
 
-/// `len` weight rows of `row_bytes` bytes from `p`.
+/// `len` weight rows, from row `first`, of a matrix at `p` with rows of `row_bytes`
+/// bytes ([`Interleave`]).
 #[derive(Clone, Copy)]
 struct Rows {
     p: *const u8,
     row_bytes: usize,
+    first: usize,
     len: usize,
+    /// Rows per interleaved group (1: ggml's row-major rows).
+    group: usize,
+    /// Bytes per block.
+    block: usize,
 }
 
 impl Rows {
-    /// The start of row `i` (`i < len`).
+    /// Block 0 of row `i` (`i < len`); block `b` is `b · self.stride()` bytes on.
     #[inline(always)]
     fn at(self, i: usize) -> *const u8 {
-        self.p.wrapping_add(i * self.row_bytes)
+        let r = self.first + i;
+        let g = self.group;
+        self.p
+            .wrapping_add(r / g * g * self.row_bytes + r % g * self.block)
+    }
+
+    /// Bytes from one block of a row to its next.
+    #[inline(always)]
+    fn stride(self) -> usize {
+        self.group * self.block
     }
 }
 
-/// Activation rows from which [`block_rows`] takes the prefill tiles.
-const PREFILL_MIN: usize = 4;
 /// Weight rows per tile for one to three activation rows (decode): independent FMA
 /// chains for one activation row.
 const W_DECODE: usize = 4;
@@ -91,11 +105,43 @@ pub unsafe fn block_rows<U: BiasedBlock>(
     out: &mut [f32],
     stride: usize,
 ) {
+    block_rows_in::<U>(
+        w,
+        row_bytes,
+        1,
+        0..w.len() / row_bytes,
+        a,
+        rows,
+        out,
+        stride,
+    )
+}
+
+/// [`block_rows`] for the weight rows `features` of a whole matrix `w` stored in groups
+/// of `group` rows ([`Interleave`]; 1: ggml's layout):
+/// `out[(r − features.start) · stride + (j − rows.start)] = vec_dot(w_r, a_j)`.
+///
+/// # Safety
+/// As [`block_rows`]; `w` must hold the rows `features` in that layout.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_rows_in<U: BiasedBlock>(
+    w: &[u8],
+    row_bytes: usize,
+    group: Interleave,
+    features: Range<usize>,
+    a: &Activations<Q8_0>,
+    rows: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) {
     let n = (row_bytes / U::BYTES).min(a.k() / 32);
     let wrows = Rows {
         p: w.as_ptr(),
         row_bytes,
-        len: w.len() / row_bytes,
+        first: features.start,
+        len: features.len(),
+        group: group.max(1),
+        block: U::BYTES,
     };
     if rows.len() >= PREFILL_MIN {
         prefill_rows::<U>(wrows, n, a, rows, out, stride);
@@ -118,7 +164,7 @@ unsafe fn decode_rows<U: BiasedBlock>(
     // The first tiles' bytes, which no tile before them prefetches.
     let head = AHEAD_BYTES.min(wrows.len * wrows.row_bytes);
     for l in (0..head).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(wrows.p.wrapping_add(l) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(wrows.at(0).wrapping_add(l) as *const i8);
     }
     let mut i = 0;
     macro_rules! weight_tiles {
@@ -133,7 +179,7 @@ unsafe fn decode_rows<U: BiasedBlock>(
                     ($r:expr) => {
                         while rows.end - j >= $r {
                             let acts: [&[Q8Block]; $r] = std::array::from_fn(|t| a.row(j + t));
-                            let v = decode_dots::<U, $w, $r>(ws, n, ahead, acts);
+                            let v = decode_dots::<U, $w, $r>(ws, wrows.stride(), n, ahead, acts);
                             for (t, vt) in v.iter().enumerate() {
                                 let o = (i + t) * stride + j - rows.start;
                                 out[o..o + $r].copy_from_slice(vt);
@@ -163,6 +209,7 @@ unsafe fn decode_rows<U: BiasedBlock>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode_dots<U: BiasedBlock, const W: usize, const R: usize>(
     ws: [*const u8; W],
+    bs: usize,
     n: usize,
     ahead: usize,
     a: [&[Q8Block]; R],
@@ -183,7 +230,7 @@ unsafe fn decode_dots<U: BiasedBlock, const W: usize, const R: usize>(
             l += 64;
         }
         for t in 0..W {
-            let p = ws[t].add(i * U::BYTES);
+            let p = ws[t].add(i * bs);
             u[t] = U::biased(p);
             dw[t] = f16_splat8(p);
         }
@@ -322,7 +369,7 @@ unsafe fn weight_tiles<U: BiasedBlock, const R: usize>(
                 let ws: [*const u8; $w] = std::array::from_fn(|t| wrows.at(i + t));
                 let next: [*const u8; $w] =
                     std::array::from_fn(|t| wrows.at((i + $w + t).min(wrows.len - 1)));
-                let v = prefill_dots::<U, $w, R>(ws, next, tile);
+                let v = prefill_dots::<U, $w, R>(ws, next, wrows.stride(), tile);
                 for (t, vt) in v.iter().enumerate() {
                     let o = (i + t) * stride;
                     out[o..o + R].copy_from_slice(vt);
@@ -350,6 +397,7 @@ unsafe fn weight_tiles<U: BiasedBlock, const R: usize>(
 unsafe fn prefill_dots<U: BiasedBlock, const W: usize, const R: usize>(
     ws: [*const u8; W],
     next: [*const u8; W],
+    bs: usize,
     tile: &mut ActTile,
 ) -> [[f32; R]; W] {
     let n = tile.n;
@@ -358,7 +406,7 @@ unsafe fn prefill_dots<U: BiasedBlock, const W: usize, const R: usize>(
     for i in 0..n {
         let da = _mm256_loadu_ps(d.add(i * R_PREFILL));
         for t in 0..W {
-            let dw = f16_splat8(ws[t].add(i * U::BYTES));
+            let dw = f16_splat8(ws[t].add(i * bs));
             _mm256_storeu_ps(
                 dd.add((i * W_PREFILL + t) * R_PREFILL),
                 _mm256_mul_ps(dw, da),
@@ -372,8 +420,8 @@ unsafe fn prefill_dots<U: BiasedBlock, const W: usize, const R: usize>(
         let mut q = [zero; W];
         let mut c = [zero; W];
         for t in 0..W {
-            _mm_prefetch::<_MM_HINT_T0>(next[t].add(i * U::BYTES) as *const i8);
-            q[t] = U::values_512(ws[t].add(i * U::BYTES));
+            _mm_prefetch::<_MM_HINT_T0>(next[t].add(i * bs) as *const i8);
+            q[t] = U::values_512(ws[t].add(i * bs));
             c[t] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k128, q[t]));
         }
         for r in 0..R {

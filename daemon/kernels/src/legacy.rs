@@ -145,6 +145,42 @@ macro_rules! legacy_quant {
                     <Self as $crate::Quant>::vec_dot_rows(isa, wr, a, rows.clone(), o);
                 }
             }
+
+            #[allow(clippy::too_many_arguments)]
+            fn vec_dot_block_in(
+                isa: $crate::Isa,
+                w: &[u8],
+                row_bytes: usize,
+                group: $crate::layout::Interleave,
+                features: std::ops::Range<usize>,
+                a: &$crate::Activations<$crate::act::$act>,
+                rows: std::ops::Range<usize>,
+                out: &mut [f32],
+                stride: usize,
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
+                    let g = group.max(1);
+                    assert!(
+                        features.end.div_ceil(g) * g * row_bytes <= w.len(),
+                        "rows {features:?} beyond the matrix"
+                    );
+                    let need = features.len().saturating_sub(1) * stride + rows.len();
+                    assert!(out.len() >= need, "output of {} values, {need} needed", out.len());
+                    // SAFETY: as in `vec_dot_block`; the groups holding `features` are
+                    // inside `w` (checked).
+                    return unsafe {
+                        $crate::block_tiles::block_rows_in::<$biased>(
+                            w, row_bytes, g, features, a, rows, out, stride,
+                        )
+                    };
+                }
+                for (i, r) in features.enumerate() {
+                    let wr = $crate::layout::row_of(w, row_bytes, $bytes, group, r);
+                    let o = &mut out[i * stride..i * stride + rows.len()];
+                    <Self as $crate::Quant>::vec_dot_rows(isa, &wr, a, rows.clone(), o);
+                }
+            }
             )?
 
             $(

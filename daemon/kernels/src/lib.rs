@@ -41,6 +41,7 @@ pub mod half;
 pub mod isa;
 pub mod kbatch;
 pub mod lanes;
+pub mod layout;
 mod legacy;
 mod matrix;
 pub mod paths;
@@ -158,6 +159,30 @@ pub trait Quant: Send + Sync + 'static {
         for (i, wr) in w.chunks_exact(row_bytes).enumerate() {
             let o = &mut out[i * stride..i * stride + rows.len()];
             Self::vec_dot_rows(isa, wr, a, rows.clone(), o);
+        }
+    }
+
+    /// [`Self::vec_dot_block`] for the weight rows `features` of a whole matrix `w`
+    /// stored in groups of `group` rows ([`layout::Interleave`]):
+    /// `out[(r − features.start) · stride + (j − rows.start)] = vec_dot(w_r, a_j)`. The
+    /// default takes each row back to ggml's layout first (correct for any type and
+    /// instruction set; the block-tile types read the groups directly).
+    #[allow(clippy::too_many_arguments)]
+    fn vec_dot_block_in(
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        group: layout::Interleave,
+        features: std::ops::Range<usize>,
+        a: &Activations<Self::Act>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for (i, r) in features.enumerate() {
+            let wr = layout::row_of(w, row_bytes, Self::BLOCK_BYTES, group, r);
+            let o = &mut out[i * stride..i * stride + rows.len()];
+            Self::vec_dot_rows(isa, &wr, a, rows.clone(), o);
         }
     }
 

@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use crate::act::{self, ActFormat, Activations, ParFor};
+use crate::layout::{self, Interleave};
 use crate::paths::{self, BatchRow, Path};
 use crate::tiles::TILE;
 use crate::{GgmlType, Isa, KernelError, Quant};
@@ -77,14 +78,16 @@ pub trait Kernel: Send + Sync {
     /// `out[(r − features.start) · rows + j] = w_r · a_j` for every activation row `j`
     /// (of `rows`) and weight row `r` in `features` (weight-row major, so that threads
     /// computing disjoint feature ranges write disjoint slices); `w` holds all rows,
-    /// `row_bytes` each. Activation row `j` goes through llama.cpp's kernel `paths[j]`
-    /// (all [`Path::VecDot`] when `paths` is empty).
+    /// `row_bytes` each, in groups of `group` ([`Interleave`]). Activation row `j` goes
+    /// through llama.cpp's kernel `paths[j]` (all [`Path::VecDot`] when `paths` is
+    /// empty; interleaved rows have no other path).
     #[allow(clippy::too_many_arguments)]
     fn matmul_range(
         &self,
         isa: Isa,
         w: &[u8],
         row_bytes: usize,
+        group: Interleave,
         act: &AnyActivations,
         features: Range<usize>,
         paths: &[Path],
@@ -124,11 +127,13 @@ where
         isa: Isa,
         w: &[u8],
         row_bytes: usize,
+        group: Interleave,
         act: &AnyActivations,
         features: Range<usize>,
         paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError> {
+        let group = group.max(1);
         let a = Q::Act::unwrap(act).ok_or_else(|| {
             KernelError::Activations(format!(
                 "{} weights need {} activations",
@@ -141,10 +146,16 @@ where
         if rows == 0 {
             return Ok(());
         }
-        if out.len() != rows * len || features.end * row_bytes > w.len() {
+        if out.len() != rows * len || features.end.div_ceil(group) * group * row_bytes > w.len() {
             return Err(KernelError::Activations(format!(
                 "output of {} values for {rows} rows × {len} features, or features {features:?} beyond the matrix",
                 out.len()
+            )));
+        }
+        if group > 1 && paths.iter().any(|&p| p != Path::VecDot) {
+            return Err(KernelError::Activations(format!(
+                "interleaved {} rows have only the vec_dot path",
+                Q::TYPE.name()
             )));
         }
         if !paths.is_empty() && paths.len() != rows {
@@ -165,7 +176,38 @@ where
         let act_row_bytes =
             a.k() / Q::Act::BLOCK_VALUES * std::mem::size_of::<<Q::Act as ActFormat>::Block>();
         let chunk = (16384 / act_row_bytes.max(1) / TILE * TILE).clamp(TILE, 16 * TILE);
-        let group = (32768 / row_bytes.max(1)).clamp(1, 256);
+        // For fewer rows than a prefill tile (decode) each weight row is read once
+        // anyway: one group, so that the decode tiles' prefetch runs ahead across it.
+        let wgroup = if rows < layout::PREFILL_MIN {
+            len.max(1)
+        } else {
+            (32768 / row_bytes.max(1)).clamp(1, 256)
+        };
+        if group > 1 {
+            for (g0, og) in features
+                .clone()
+                .step_by(wgroup)
+                .zip(out.chunks_mut(wgroup * rows))
+            {
+                let g1 = (g0 + wgroup).min(features.end);
+                for j0 in (0..rows).step_by(chunk) {
+                    let j1 = (j0 + chunk).min(rows);
+                    Q::vec_dot_block_in(
+                        isa,
+                        w,
+                        row_bytes,
+                        group,
+                        g0..g1,
+                        a,
+                        j0..j1,
+                        &mut og[j0..],
+                        rows,
+                    );
+                }
+            }
+            return Ok(());
+        }
+        let group = wgroup;
         let w = &w[features.start * row_bytes..features.end * row_bytes];
         for (wg, og) in w
             .chunks(group * row_bytes)
@@ -237,6 +279,8 @@ pub struct QuantMatrix {
     n: usize,
     k: usize,
     row_bytes: usize,
+    /// Rows per interleaved group of `data` ([`Interleave`]; 1: ggml's layout).
+    group: Interleave,
     data: Vec<u8>,
 }
 
@@ -278,8 +322,43 @@ impl QuantMatrix {
             n,
             k,
             row_bytes,
+            group: 1,
             data,
         })
+    }
+
+    /// [`Self::new`], the rows stored in the layout that `isa`'s kernels read fastest:
+    /// Q5_0 and Q8_0 rows interleaved in groups of four for the AVX-512 block tiles
+    /// ([`Interleave`]; those types run `vec_dot` on every path, so no other kernel
+    /// reads their rows), ggml's layout otherwise. Products and dequantized rows are the
+    /// same bits either way.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn for_isa(
+        isa: Isa,
+        ty: GgmlType,
+        data: Vec<u8>,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, KernelError> {
+        let mut m = Self::new(ty, data, n, k)?;
+        let group = if isa == Isa::Avx512 && matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
+            4
+        } else {
+            1
+        };
+        if group > 1 {
+            let (_, block) = ty.block();
+            m.data = layout::interleave(&m.data, m.row_bytes, block, group);
+            m.group = group;
+        }
+        Ok(m)
+    }
+
+    /// Rows per interleaved group of the stored bytes ([`Interleave`]).
+    pub fn interleave(&self) -> Interleave {
+        self.group
     }
 
     /// The weight type.
@@ -292,7 +371,7 @@ impl QuantMatrix {
         (self.n, self.k)
     }
 
-    /// The stored bytes (ggml layout).
+    /// The stored bytes: ggml's layout, or rows interleaved as [`Self::interleave`] says.
     pub fn bytes(&self) -> &[u8] {
         &self.data
     }
@@ -362,8 +441,16 @@ impl QuantMatrix {
                 self.n
             )));
         }
-        self.kernel
-            .matmul_range(isa, &self.data, self.row_bytes, act, features, paths, out)
+        self.kernel.matmul_range(
+            isa,
+            &self.data,
+            self.row_bytes,
+            self.group,
+            act,
+            features,
+            paths,
+            out,
+        )
     }
 
     /// `x · Wᵀ` on the calling thread: `rows × n` outputs, row-major.
@@ -388,8 +475,14 @@ impl QuantMatrix {
             if r >= self.n {
                 return Err(KernelError::RowId { id, n: self.n });
             }
-            self.kernel
-                .dequantize_row(&self.data[r * self.row_bytes..(r + 1) * self.row_bytes], o);
+            if self.group > 1 {
+                let (_, block) = self.ty().block();
+                let row = layout::row_of(&self.data, self.row_bytes, block, self.group, r);
+                self.kernel.dequantize_row(&row, o);
+            } else {
+                self.kernel
+                    .dequantize_row(&self.data[r * self.row_bytes..(r + 1) * self.row_bytes], o);
+            }
         }
         Ok(out)
     }

@@ -242,6 +242,78 @@ pub fn check_block<Q: Quant>(dtype: GgmlDType) {
                     }
                 }
             }
+            // The same rows interleaved in groups of four (`layout`), from several first
+            // rows: decode (1–3 rows) and prefill tiles.
+            let inter = crate::layout::interleave(&bytes, row_bytes, Q::BLOCK_BYTES, 4);
+            for f0 in [0usize, 1, 5] {
+                for wn in 1..=n - f0 {
+                    for len in [1, 2, 3, 4, 9, 19] {
+                        let start = 3;
+                        let mut out = vec![f32::NAN; (wn - 1) * stride + len + 1];
+                        Q::vec_dot_block_in(
+                            isa,
+                            &inter,
+                            row_bytes,
+                            4,
+                            f0..f0 + wn,
+                            &act,
+                            start..start + len,
+                            &mut out,
+                            stride,
+                        );
+                        for (i, o) in out.iter().enumerate() {
+                            let (r, j) = (i / stride, i % stride);
+                            if j >= len || r >= wn {
+                                assert!(o.is_nan(), "{}: output {i} outside", Q::TYPE.name());
+                                continue;
+                            }
+                            let want = one[f0 + r][start + j];
+                            assert_eq!(
+                                o.to_bits(),
+                                want.to_bits(),
+                                "{} {} interleaved: rows {f0}..{} × {start}..{}: weight row {}, row {}",
+                                Q::TYPE.name(),
+                                isa.name(),
+                                f0 + wn,
+                                start + len,
+                                f0 + r,
+                                start + j
+                            );
+                        }
+                    }
+                }
+            }
+            // The matrix in the layout chosen for `isa` gives the plain matrix's products
+            // and dequantized rows.
+            let plain = crate::QuantMatrix::new(Q::TYPE, bytes.clone(), n, k).expect("matrix");
+            let fast =
+                crate::QuantMatrix::for_isa(isa, Q::TYPE, bytes.clone(), n, k).expect("matrix");
+            for rows in [1usize, 2, 7, 22] {
+                let xs = &x[..rows * k];
+                let a = plain.quantize(xs, rows).expect("act");
+                let (mut u, mut v) = (vec![0f32; rows * (n - 2)], vec![0f32; rows * (n - 2)]);
+                plain
+                    .matmul_range(isa, &a, 1..n - 1, &mut u)
+                    .expect("plain");
+                fast.matmul_range(isa, &a, 1..n - 1, &mut v)
+                    .expect("for_isa");
+                let bits = |w: &[f32]| w.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&u),
+                    bits(&v),
+                    "{} {} for_isa, {rows} rows",
+                    Q::TYPE.name(),
+                    isa.name()
+                );
+            }
+            let ids = [0u32, 3, 10, 4];
+            assert_eq!(
+                plain.dequantize_rows(&ids).expect("rows"),
+                fast.dequantize_rows(&ids).expect("rows"),
+                "{} {}: dequantized rows",
+                Q::TYPE.name(),
+                isa.name()
+            );
         }
     }
 }
