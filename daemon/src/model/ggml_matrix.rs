@@ -54,7 +54,8 @@ pub struct GgmlMatrix {
 }
 
 impl GgmlMatrix {
-    /// From a CPU `QTensor` (its ggml bytes, unchanged).
+    /// From a CPU `QTensor`: its ggml bytes, in the layout this CPU's kernels read
+    /// ([`QuantMatrix::for_isa`]).
     ///
     /// # Errors
     /// A type without a kernel, a non-2-D shape, or bytes that do not match it.
@@ -63,8 +64,8 @@ impl GgmlMatrix {
         let Some(ty) = ggml_type(t.dtype()) else {
             candle_core::bail!("{:?} is not a weight type", t.dtype());
         };
-        let m =
-            QuantMatrix::new(ty, t.data()?.into_owned(), n, k).map_err(candle_core::Error::wrap)?;
+        let m = QuantMatrix::for_isa(isa(), ty, t.data()?.into_owned(), n, k)
+            .map_err(candle_core::Error::wrap)?;
         Ok(Self { m })
     }
 
