@@ -130,20 +130,10 @@ macro_rules! legacy_quant {
                 out: &mut [f32],
                 stride: usize,
             ) {
-                #[cfg(target_arch = "x86_64")]
-                if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
-                    let need = (w.len() / row_bytes).saturating_sub(1) * stride + rows.len();
-                    assert!(out.len() >= need, "output of {} values, {need} needed", out.len());
-                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
-                    // F16C; whole blocks per row and the output length are checked.
-                    return unsafe {
-                        $crate::block_tiles::block_rows::<$biased>(w, row_bytes, a, rows, out, stride)
-                    };
-                }
-                for (i, wr) in w.chunks_exact(row_bytes).enumerate() {
-                    let o = &mut out[i * stride..i * stride + rows.len()];
-                    <Self as $crate::Quant>::vec_dot_rows(isa, wr, a, rows.clone(), o);
-                }
+                let n = w.len() / row_bytes.max(1);
+                <Self as $crate::Quant>::vec_dot_block_in(
+                    isa, w, row_bytes, 1, 0..n, a, rows, out, stride,
+                )
             }
 
             #[allow(clippy::too_many_arguments)]
@@ -167,8 +157,9 @@ macro_rules! legacy_quant {
                     );
                     let need = features.len().saturating_sub(1) * stride + rows.len();
                     assert!(out.len() >= need, "output of {} values, {need} needed", out.len());
-                    // SAFETY: as in `vec_dot_block`; the groups holding `features` are
-                    // inside `w` (checked).
+                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
+                    // F16C; whole blocks per row, the groups holding `features` inside `w`
+                    // and the output length are checked.
                     return unsafe {
                         $crate::block_tiles::block_rows_in::<$biased>(
                             w, row_bytes, g, features, a, rows, out, stride,
@@ -176,9 +167,14 @@ macro_rules! legacy_quant {
                     };
                 }
                 for (i, r) in features.enumerate() {
-                    let wr = $crate::layout::row_of(w, row_bytes, $bytes, group, r);
                     let o = &mut out[i * stride..i * stride + rows.len()];
-                    <Self as $crate::Quant>::vec_dot_rows(isa, &wr, a, rows.clone(), o);
+                    if group > 1 {
+                        let wr = $crate::layout::row_of(w, row_bytes, $bytes, group, r);
+                        <Self as $crate::Quant>::vec_dot_rows(isa, &wr, a, rows.clone(), o);
+                    } else {
+                        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+                        <Self as $crate::Quant>::vec_dot_rows(isa, wr, a, rows.clone(), o);
+                    }
                 }
             }
             )?

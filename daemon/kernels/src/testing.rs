@@ -218,27 +218,13 @@ pub fn check_block<Q: Quant>(dtype: GgmlDType) {
                             &mut out,
                             stride,
                         );
-                        for (i, o) in out.iter().enumerate() {
-                            let (r, j) = (i / stride, i % stride);
-                            if j >= len || r >= wn {
-                                assert!(
-                                    o.is_nan(),
-                                    "{}: output {i} outside the block written",
-                                    Q::TYPE.name()
-                                );
-                                continue;
-                            }
-                            let want = one[r][start + j];
-                            assert_eq!(
-                                o.to_bits(),
-                                want.to_bits(),
-                                "{} {}: {wn} weight rows × rows {start}..{}: weight row {r}, row {} of k = {k}: {o} vs vec_dot {want}",
-                                Q::TYPE.name(),
-                                isa.name(),
-                                start + len,
-                                start + j
-                            );
-                        }
+                        let what = format!(
+                            "{} {}: {wn} weight rows × rows {start}..{} of k = {k}",
+                            Q::TYPE.name(),
+                            isa.name(),
+                            start + len
+                        );
+                        check_written(&out, stride, wn, len, |r, j| one[r][start + j], &what);
                     }
                 }
             }
@@ -261,25 +247,14 @@ pub fn check_block<Q: Quant>(dtype: GgmlDType) {
                             &mut out,
                             stride,
                         );
-                        for (i, o) in out.iter().enumerate() {
-                            let (r, j) = (i / stride, i % stride);
-                            if j >= len || r >= wn {
-                                assert!(o.is_nan(), "{}: output {i} outside", Q::TYPE.name());
-                                continue;
-                            }
-                            let want = one[f0 + r][start + j];
-                            assert_eq!(
-                                o.to_bits(),
-                                want.to_bits(),
-                                "{} {} interleaved: rows {f0}..{} × {start}..{}: weight row {}, row {}",
-                                Q::TYPE.name(),
-                                isa.name(),
-                                f0 + wn,
-                                start + len,
-                                f0 + r,
-                                start + j
-                            );
-                        }
+                        let what = format!(
+                            "{} {} interleaved: rows {f0}..{} × {start}..{}",
+                            Q::TYPE.name(),
+                            isa.name(),
+                            f0 + wn,
+                            start + len
+                        );
+                        check_written(&out, stride, wn, len, |r, j| one[f0 + r][start + j], &what);
                     }
                 }
             }
@@ -315,6 +290,31 @@ pub fn check_block<Q: Quant>(dtype: GgmlDType) {
                 isa.name()
             );
         }
+    }
+}
+
+/// `out[r · stride + j]` for weight rows `r < wn` and activation rows `j < len` equals
+/// `want(r, j)` bit for bit; every other value is still NaN (untouched).
+fn check_written(
+    out: &[f32],
+    stride: usize,
+    wn: usize,
+    len: usize,
+    want: impl Fn(usize, usize) -> f32,
+    what: &str,
+) {
+    for (i, o) in out.iter().enumerate() {
+        let (r, j) = (i / stride, i % stride);
+        if j >= len || r >= wn {
+            assert!(o.is_nan(), "{what}: output {i} outside the block written");
+            continue;
+        }
+        let w = want(r, j);
+        assert_eq!(
+            o.to_bits(),
+            w.to_bits(),
+            "{what}: weight row {r}, activation row {j}: {o} vs vec_dot {w}"
+        );
     }
 }
 
