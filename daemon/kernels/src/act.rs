@@ -14,6 +14,7 @@
 //!   `ggml_cpu_fp32_to_bf16`, identity). For F16, BF16 and F32 weights.
 
 use crate::half::{f16_round, f32_to_bf16, f32_to_f16};
+use crate::par::SendPtr;
 use crate::KernelError;
 
 /// An activation format (ggml's `vec_dot_type`).
@@ -150,19 +151,6 @@ pub type ParFor<'a> = &'a (dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync);
 
 /// Rows per task of [`Activations::quantize_par`].
 pub const PAR_ROWS: usize = 32;
-
-/// A pointer to blocks that tasks write disjoint parts of.
-struct SendPtr<T>(*mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-// SAFETY: `quantize_par` gives each task a disjoint range of rows.
-unsafe impl<T: Send> Send for SendPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// The rows of [`Activations::quantize_for`].
 #[inline(always)]

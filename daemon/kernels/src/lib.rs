@@ -44,6 +44,7 @@ pub mod lanes;
 pub mod layout;
 mod legacy;
 mod matrix;
+pub mod par;
 pub mod paths;
 pub mod tiles;
 pub mod types;

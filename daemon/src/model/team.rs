@@ -20,6 +20,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use inferd_kernels::par::SendPtr;
+
 /// How long an idle helper spins for the next job before parking.
 const SPIN: Duration = Duration::from_micros(300);
 
@@ -270,19 +272,6 @@ impl Segments {
         None
     }
 }
-
-/// A raw pointer that may cross threads; users guarantee disjoint access.
-struct SendPtr<T>(*mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-// SAFETY: only used by the functions below, which hand each task a disjoint range.
-unsafe impl<T: Send> Send for SendPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// Calls `f(i, chunk)` for every `chunk_len`-element chunk of `data` (the last may be
 /// shorter) on the team.
