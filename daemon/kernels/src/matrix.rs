@@ -176,8 +176,9 @@ where
         let act_row_bytes =
             a.k() / Q::Act::BLOCK_VALUES * std::mem::size_of::<<Q::Act as ActFormat>::Block>();
         let chunk = (16384 / act_row_bytes.max(1) / TILE * TILE).clamp(TILE, 16 * TILE);
-        // For fewer rows than a prefill tile (decode) each weight row is read once
-        // anyway: one group, so that the decode tiles' prefetch runs ahead across it.
+        // Weight rows per cache block. For fewer activation rows than a prefill tile
+        // (decode) each weight row is read once anyway: one block, so that the decode
+        // tiles' prefetch runs ahead across it.
         let wgroup = if rows < layout::PREFILL_MIN {
             len.max(1)
         } else {
@@ -207,11 +208,10 @@ where
             }
             return Ok(());
         }
-        let group = wgroup;
         let w = &w[features.start * row_bytes..features.end * row_bytes];
         for (wg, og) in w
-            .chunks(group * row_bytes)
-            .zip(out.chunks_mut(group * rows))
+            .chunks(wgroup * row_bytes)
+            .zip(out.chunks_mut(wgroup * rows))
         {
             for j0 in (0..rows).step_by(chunk) {
                 let j1 = (j0 + chunk).min(rows);
