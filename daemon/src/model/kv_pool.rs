@@ -100,7 +100,6 @@ enum LayerStore {
     Device { k: Tensor, v: Tensor },
 }
 
-/// Refuses an empty pool.
 /// `n` zero f16 values from the allocator's zeroed memory (`calloc`: for a pool this
 /// large, fresh pages that the OS maps in only when a block is first written), so a
 /// pool costs resident memory for the blocks sequences have used, not for its whole
@@ -114,6 +113,7 @@ fn zeroed_f16(n: usize) -> Vec<f16> {
     unsafe { Vec::from_raw_parts(ptr.cast::<f16>(), len, cap) }
 }
 
+/// Refuses an empty pool.
 fn check_pool_size(block_size: usize, num_blocks: usize) -> candle_core::Result<()> {
     if block_size == 0 || num_blocks == 0 {
         candle_core::bail!(
