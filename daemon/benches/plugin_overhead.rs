@@ -142,6 +142,7 @@ fn micro() -> Vec<MicroRow> {
                 seed: 7,
                 max_tokens: 1,
                 stop: Vec::new(),
+                ..Default::default()
             };
             let mut sampler = inferd::sampling::Sampler::new(&params);
             let mut rng = ChaCha8Rng::seed_from_u64(3);

@@ -426,6 +426,8 @@ pub struct Generation {
     pub deltas: Vec<String>,
     /// Concatenated delta token ids.
     pub token_ids: Vec<u32>,
+    /// Concatenated delta `logprobs` entries (one per token id when asked for).
+    pub logprobs: Vec<Value>,
     /// The `done` frame.
     pub done: Option<Value>,
     /// The `error` frame.
@@ -444,6 +446,9 @@ impl Generation {
                 if let Some(ids) = f["token_ids"].as_array() {
                     self.token_ids
                         .extend(ids.iter().filter_map(|x| x.as_u64()).map(|x| x as u32));
+                }
+                if let Some(lp) = f["logprobs"].as_array() {
+                    self.logprobs.extend(lp.iter().cloned());
                 }
             }
             Some("done") => {

@@ -42,7 +42,23 @@ const GENERATE_FIELDS: &[&str] = &[
     "plugins",
     "cache",
     "cache_salt",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repeat_last_n",
+    "min_tokens",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
 ];
+/// Bound of `presence_penalty` and `frequency_penalty` (OpenAI's): `[-2, 2]`.
+pub const MAX_ABS_PENALTY: f64 = 2.0;
+/// Upper bound of `repetition_penalty`.
+pub const MAX_REPETITION_PENALTY: f64 = 10.0;
+/// Bound of a `logit_bias` value (OpenAI's): `[-100, 100]`.
+pub const MAX_ABS_LOGIT_BIAS: f64 = 100.0;
+/// Most alternatives `top_logprobs` may ask for (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
 /// Longest `cache_salt`, bytes of UTF-8.
 pub const MAX_CACHE_SALT_BYTES: usize = 256;
 const PLUGIN_ENTRY_FIELDS: &[&str] = &["name", "config"];
@@ -256,6 +272,7 @@ fn parse_generate(
             ))
         }
         (Some(messages), None) => PromptInput::Messages(parse_messages(messages)?),
+        (None, Some(Value::Array(ids))) => PromptInput::Tokens(parse_prompt_ids(ids, vocab_size)?),
         (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
     };
     let sampling = parse_sampling(obj, defaults, vocab_size)?;
@@ -361,6 +378,16 @@ fn parse_plugins(v: &Value) -> VResult<Vec<PluginSpec>> {
         .collect()
 }
 
+/// `prompt` as token ids: a non-empty array of integers below the vocabulary size.
+fn parse_prompt_ids(items: &[Value], vocab_size: usize) -> VResult<Vec<u32>> {
+    if items.is_empty() {
+        return Err(InferError::validation(
+            "prompt must be a non-empty string or a non-empty array of token ids (got [])",
+        ));
+    }
+    token_ids("prompt", items, vocab_size)
+}
+
 fn parse_prompt(v: &Value) -> VResult<String> {
     match v {
         Value::String(s) if s.is_empty() => {
@@ -368,7 +395,7 @@ fn parse_prompt(v: &Value) -> VResult<String> {
         }
         Value::String(s) => Ok(s.clone()),
         other => Err(InferError::validation(format!(
-            "prompt must be a string (got {})",
+            "prompt must be a string or an array of token ids (got {})",
             quote(other)
         ))),
     }
@@ -561,6 +588,7 @@ fn parse_sampling(
         None => Vec::new(),
         Some(v) => parse_stop(v)?,
     };
+    let steering = parse_steering(obj, max_tokens, vocab_size)?;
     Ok(SamplingParams {
         temperature,
         top_k,
@@ -569,7 +597,146 @@ fn parse_sampling(
         seed,
         max_tokens,
         stop,
+        ..steering
     })
+}
+
+/// A number in `[lo, hi]` (`lo_open`: `(lo, hi]`), or `default` when absent.
+fn bounded(
+    obj: &Map<String, Value>,
+    field: &str,
+    (lo, lo_open, hi): (f64, bool, f64),
+    default: f32,
+) -> VResult<f32> {
+    let Some(v) = optional(obj, field) else {
+        return Ok(default);
+    };
+    let (x, text) = number(field, v)?;
+    let above_lo = if lo_open { x > lo } else { x >= lo };
+    if !(above_lo && x <= hi) {
+        let open = if lo_open { "(" } else { "[" };
+        return Err(InferError::validation(format!(
+            "{field} must be in {open}{lo}, {hi}] (got {text})"
+        )));
+    }
+    Ok(x as f32)
+}
+
+/// Penalties, `min_tokens`, `logit_bias` and `logprobs` / `top_logprobs` (the
+/// rest of [`SamplingParams`] is filled by the caller).
+fn parse_steering(
+    obj: &Map<String, Value>,
+    max_tokens: usize,
+    vocab_size: usize,
+) -> VResult<SamplingParams> {
+    let d = SamplingParams::default();
+    let penalty = (-MAX_ABS_PENALTY, false, MAX_ABS_PENALTY);
+    let presence_penalty = bounded(obj, "presence_penalty", penalty, 0.0)?;
+    let frequency_penalty = bounded(obj, "frequency_penalty", penalty, 0.0)?;
+    let repetition_penalty = bounded(
+        obj,
+        "repetition_penalty",
+        (0.0, true, MAX_REPETITION_PENALTY),
+        1.0,
+    )?;
+    let repeat_last_n = match optional(obj, "repeat_last_n") {
+        None => d.repeat_last_n,
+        Some(v) => match integer("repeat_last_n", v)? {
+            Int::Negative if v.as_i64() == Some(-1) => None,
+            Int::Unsigned(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Int::Negative | Int::TooLarge => {
+                return Err(InferError::validation(format!(
+                    "repeat_last_n must be -1 (the whole sequence), 0 (off) or a window \
+                     length (got {})",
+                    quote(v)
+                )))
+            }
+        },
+    };
+    let min_tokens = match optional(obj, "min_tokens") {
+        None => 0,
+        Some(v) => {
+            let n = unsigned("min_tokens", v, 0, max_tokens as u64, "max_tokens = ")?;
+            usize::try_from(n).unwrap_or(max_tokens)
+        }
+    };
+    let logit_bias = match optional(obj, "logit_bias") {
+        None => Vec::new(),
+        Some(v) => parse_logit_bias(v, vocab_size)?,
+    };
+    let logprobs = match optional(obj, "logprobs") {
+        None | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(v) => {
+            return Err(InferError::validation(format!(
+                "logprobs must be a boolean (got {})",
+                quote(v)
+            )))
+        }
+    };
+    let logprobs = match (optional(obj, "top_logprobs"), logprobs) {
+        (None, false) => None,
+        (None, true) => Some(0),
+        (Some(v), true) => {
+            let n = unsigned("top_logprobs", v, 0, MAX_TOP_LOGPROBS, "")?;
+            Some(usize::try_from(n).unwrap_or(0))
+        }
+        (Some(v), false) => {
+            return Err(InferError::validation(format!(
+                "top_logprobs needs logprobs: true (got top_logprobs {} without it)",
+                quote(v)
+            )))
+        }
+    };
+    Ok(SamplingParams {
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
+        repeat_last_n,
+        min_tokens,
+        logit_bias,
+        logprobs,
+        ..d
+    })
+}
+
+/// `logit_bias`: `{"token id": bias}` with ids below the vocabulary size (special
+/// and added tokens included) and biases in `[-100, 100]`; sorted by id.
+fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
+    let Value::Object(map) = v else {
+        return Err(InferError::validation(format!(
+            "logit_bias must be an object mapping token ids to biases (got {})",
+            quote(v)
+        )));
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, bias) in map {
+        let field = format!("logit_bias[{}]", quote_str(key));
+        let id = match key.parse::<u64>() {
+            Ok(id) if key.bytes().all(|b| b.is_ascii_digit()) => id,
+            _ => {
+                return Err(InferError::validation(format!(
+                    "logit_bias keys must be token ids, integers written as strings (got key {})",
+                    quote_str(key)
+                )))
+            }
+        };
+        if id >= vocab_size as u64 {
+            return Err(InferError::validation(format!(
+                "logit_bias key {} must be a token id below the vocabulary size {vocab_size}",
+                quote_str(key)
+            )));
+        }
+        let (b, text) = number(&field, bias)?;
+        if !(b.is_finite() && b.abs() <= MAX_ABS_LOGIT_BIAS) {
+            return Err(InferError::validation(format!(
+                "{field} must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}] (got {text})"
+            )));
+        }
+        out.push((u32::try_from(id).unwrap_or(u32::MAX), b as f32));
+    }
+    out.sort_unstable_by_key(|&(id, _)| id);
+    Ok(out)
 }
 
 fn parse_stop(v: &Value) -> VResult<Vec<String>> {
@@ -661,13 +828,20 @@ fn parse_detokenize(
             )))
         }
     };
+    let token_ids = token_ids("token_ids", items, vocab_size)?;
+    Ok(ClientMessage::Detokenize { id, token_ids })
+}
+
+/// `field`'s items as token ids, each an integer below `vocab_size`.
+fn token_ids(field: &str, items: &[Value], vocab_size: usize) -> VResult<Vec<u32>> {
+    let name = field;
     // Ids are u32 on the wire; a vocabulary never exceeds that.
     let limit = u64::try_from(vocab_size)
         .unwrap_or(u64::MAX)
         .min(u64::from(u32::MAX) + 1);
     let mut token_ids = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let field = format!("token_ids[{i}]");
+        let field = format!("{name}[{i}]");
         let id = match integer(&field, item)? {
             Int::Unsigned(n) if n < limit => n,
             Int::Negative => {
@@ -685,7 +859,7 @@ fn parse_detokenize(
         };
         token_ids.push(u32::try_from(id).unwrap_or(u32::MAX));
     }
-    Ok(ClientMessage::Detokenize { id, token_ids })
+    Ok(token_ids)
 }
 
 /// A JSON number as `f64` plus its text as sent, or a type error naming `field`.

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::error::{ErrorKind, InferError};
 use crate::request::{FinishReason, StreamEvent, Timings, Usage};
 use crate::sampling::wasm_plugin::PluginDescription;
+use crate::sampling::{TokenLogprobs, TopLogprob};
 use crate::scheduler::EngineStats;
 
 /// Sent in the unlikely case a frame fails to serialize (it cannot with these types).
@@ -24,6 +25,8 @@ enum Frame<'a> {
         id: &'a str,
         text: &'a str,
         token_ids: &'a [u32],
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<LogprobEntry>,
     },
     Done {
         id: &'a str,
@@ -53,6 +56,50 @@ struct ErrorBody<'a> {
     message: &'a str,
 }
 
+/// What a `−∞` log-probability is written as (JSON has no infinity; OpenAI's value).
+pub const LOGPROB_FLOOR: f32 = -9999.0;
+
+/// One token of a delta's `logprobs`: `{token_id, token, bytes, logprob}`.
+#[derive(Serialize)]
+struct LogprobToken {
+    token_id: u32,
+    /// The token's bytes as lossy UTF-8 (a token may hold part of a character).
+    token: String,
+    bytes: Vec<u8>,
+    logprob: f32,
+}
+
+/// A sampled token's entry, with its `top_logprobs` alternatives.
+#[derive(Serialize)]
+struct LogprobEntry {
+    #[serde(flatten)]
+    chosen: LogprobToken,
+    top_logprobs: Vec<LogprobToken>,
+}
+
+fn logprob_token(t: &TopLogprob) -> LogprobToken {
+    LogprobToken {
+        token_id: t.token,
+        token: String::from_utf8_lossy(&t.bytes).into_owned(),
+        bytes: t.bytes.clone(),
+        logprob: if t.logprob.is_finite() {
+            t.logprob
+        } else {
+            LOGPROB_FLOOR
+        },
+    }
+}
+
+fn logprob_entries(entries: &[TokenLogprobs]) -> Vec<LogprobEntry> {
+    entries
+        .iter()
+        .map(|e| LogprobEntry {
+            chosen: logprob_token(&e.chosen),
+            top_logprobs: e.top.iter().map(logprob_token).collect(),
+        })
+        .collect()
+}
+
 fn render(frame: &Frame<'_>) -> String {
     serde_json::to_string(frame).unwrap_or_else(|_| SERIALIZE_FAILED.to_owned())
 }
@@ -77,10 +124,15 @@ pub fn event_frame(id: &str, event: &StreamEvent) -> String {
             prompt_tokens: *prompt_tokens,
             cached_tokens: *cached_tokens,
         }),
-        StreamEvent::Delta { text, token_ids } => render(&Frame::Delta {
+        StreamEvent::Delta {
+            text,
+            token_ids,
+            logprobs,
+        } => render(&Frame::Delta {
             id,
             text,
             token_ids,
+            logprobs: logprob_entries(logprobs),
         }),
         StreamEvent::Done {
             finish_reason,
@@ -172,6 +224,7 @@ mod tests {
         let event = StreamEvent::Delta {
             text: "héllo \"q\"\n".into(),
             token_ids: vec![1, 2, 4_000_000_000],
+            logprobs: vec![],
         };
         assert_eq!(
             parse(&event_frame("r1", &event)),
@@ -180,10 +233,40 @@ mod tests {
         let empty = StreamEvent::Delta {
             text: String::new(),
             token_ids: vec![],
+            logprobs: vec![],
         };
         assert_eq!(
             parse(&event_frame("r1", &empty)),
             json!({"type": "delta", "id": "r1", "text": "", "token_ids": []})
+        );
+    }
+
+    #[test]
+    fn delta_frame_with_logprobs() {
+        let tok = |token, logprob, bytes: &[u8]| TopLogprob {
+            token,
+            logprob,
+            bytes: bytes.to_vec(),
+        };
+        let event = StreamEvent::Delta {
+            text: "hi".into(),
+            token_ids: vec![7],
+            logprobs: vec![TokenLogprobs {
+                chosen: tok(7, -0.5, b"hi"),
+                top: vec![
+                    tok(7, -0.5, b"hi"),
+                    tok(9, f32::NEG_INFINITY, &[0xe2, 0x82]),
+                ],
+            }],
+        };
+        assert_eq!(
+            parse(&event_frame("r1", &event)),
+            json!({"type": "delta", "id": "r1", "text": "hi", "token_ids": [7], "logprobs": [
+                {"token_id": 7, "token": "hi", "bytes": [104, 105], "logprob": -0.5, "top_logprobs": [
+                    {"token_id": 7, "token": "hi", "bytes": [104, 105], "logprob": -0.5},
+                    {"token_id": 9, "token": "\u{fffd}", "bytes": [226, 130], "logprob": -9999.0}
+                ]}
+            ]})
         );
     }
 

@@ -71,6 +71,9 @@ pub enum PromptInput {
     Messages(Vec<ChatMessage>),
     /// Raw completion: the text is tokenized as is (special-token text stays plain text).
     Text(String),
+    /// Token ids given by the client, used as the prompt unchanged (no BOS added), each
+    /// below the vocabulary size.
+    Tokens(Vec<u32>),
 }
 
 /// Validated sampling parameters (names as in llama.cpp / vLLM).
@@ -92,7 +95,55 @@ pub struct SamplingParams {
     /// Stop sequences: matched on the decoded text across token boundaries and cut
     /// from the output.
     pub stop: Vec<String>,
+    /// OpenAI `presence_penalty`: subtracted once from the logit of every token that
+    /// occurs in the generated text. Bound: `[-2, 2]`; `0` disables.
+    pub presence_penalty: f32,
+    /// OpenAI `frequency_penalty`: subtracted from a token's logit once per occurrence
+    /// in the generated text. Bound: `[-2, 2]`; `0` disables.
+    pub frequency_penalty: f32,
+    /// `repetition_penalty` (Keskar et al. 2019, CTRL; vLLM and llama.cpp
+    /// `repeat_penalty`): positive logits of tokens in the window are divided by it,
+    /// negative ones multiplied. Bound: `(0, 10]`; `1` disables.
+    pub repetition_penalty: f32,
+    /// The repetition penalty's window: the last `repeat_last_n` tokens of prompt and
+    /// output (llama.cpp's `repeat_last_n`, default 64); `None` = the whole sequence.
+    pub repeat_last_n: Option<usize>,
+    /// End-of-generation tokens are banned until this many tokens were generated
+    /// (vLLM `min_tokens`). Bound: `[0, max_tokens]`.
+    pub min_tokens: usize,
+    /// `logit_bias`: `(token id, bias)` added to the raw logits, ids unique and below
+    /// the vocabulary size, biases in `[-100, 100]`, sorted by id.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Return log-probabilities of each sampled token and of the `n` most likely
+    /// alternatives (`Some(0)`: the sampled token's only). `n ≤ 20`.
+    pub logprobs: Option<usize>,
 }
+
+impl Default for SamplingParams {
+    /// The daemon's built-in defaults (`temperature 0.8`, `top_k 40`, `top_p 0.95`,
+    /// `min_p 0.05`, 256 tokens, seed 0) with every steering option off.
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed: 0,
+            max_tokens: 256,
+            stop: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            repeat_last_n: Some(DEFAULT_REPEAT_LAST_N),
+            min_tokens: 0,
+            logit_bias: Vec::new(),
+            logprobs: None,
+        }
+    }
+}
+
+/// llama.cpp's default `repeat_last_n` (`common/common.h`, `penalty_last_n = 64`).
+pub const DEFAULT_REPEAT_LAST_N: usize = 64;
 
 impl SamplingParams {
     /// Whether sampling reduces to argmax.
@@ -195,6 +246,9 @@ pub enum StreamEvent {
         text: String,
         /// Token ids sampled since the previous delta.
         token_ids: Vec<u32>,
+        /// Their log-probabilities (one per id, in order) when the request asked for
+        /// `logprobs`; empty otherwise.
+        logprobs: Vec<crate::sampling::TokenLogprobs>,
     },
     /// Generation ended normally or by cancellation.
     Done {

@@ -154,6 +154,7 @@ mod tests {
             seed,
             max_tokens: 16,
             stop: Vec::new(),
+            ..SamplingParams::default()
         }
     }
 

@@ -292,7 +292,7 @@ impl SchedulerActor {
                 }
                 continue;
             };
-            let token = match seq.sample(&mut logits) {
+            let mut sampled = match seq.sample(&mut logits) {
                 Ok(t) => t,
                 Err(e) => {
                     if let Some(s) = self.scheduler.remove_running(item.seq) {
@@ -301,8 +301,23 @@ impl SchedulerActor {
                     continue;
                 }
             };
+            let token = sampled.token;
+            if let Some(lp) = sampled.logprobs.as_mut() {
+                for t in std::iter::once(&mut lp.chosen).chain(lp.top.iter_mut()) {
+                    t.bytes = self.tokenizer.token_piece(t.token).to_vec();
+                }
+            }
             let is_eog = self.tokenizer.eog_token_ids().contains(&token);
-            let outcome = seq.accept_token(token, self.tokenizer.token_bytes(token), is_eog);
+            let outcome = match seq.accept_token(sampled, self.tokenizer.token_bytes(token), is_eog)
+            {
+                Ok(o) => o,
+                Err(e) => {
+                    if let Some(s) = self.scheduler.remove_running(item.seq) {
+                        self.fail(s, e);
+                    }
+                    continue;
+                }
+            };
             self.scheduler.note_generated();
             if let TokenOutcome::Finished(reason) = outcome {
                 if let Some(s) = self.scheduler.remove_running(item.seq) {

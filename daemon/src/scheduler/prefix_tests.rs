@@ -13,6 +13,7 @@ use super::policy::{PrefixCaching, Scheduler, SchedulerLimits};
 use super::sequence::{DiskHit, TokenizedRequest};
 use crate::prefix_store::{DiskCounters, ModelFingerprint};
 use crate::request::{CacheOptions, CancelFlag, EventReceiver, SamplingParams, SeqId};
+use crate::sampling::SamplerChain;
 
 const BS: usize = 4;
 
@@ -45,8 +46,9 @@ fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest,
             seed: 0,
             max_tokens: 4,
             stop: Vec::new(),
+            ..SamplingParams::default()
         },
-        plugins: None,
+        chain: SamplerChain::new(&SamplingParams::default(), &[]),
         events: tx,
         cancel: CancelFlag::new(),
         received_at: Instant::now(),

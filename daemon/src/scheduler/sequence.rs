@@ -9,8 +9,7 @@ use crate::request::{
     CacheOptions, CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent,
     Timings, Usage,
 };
-use crate::sampling::wasm_plugin::{PluginChain, StepView};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampled, SamplerChain, StepContext, TokenLogprobs};
 
 /// A tokenized request on its way from the tokenizer to the scheduler.
 #[derive(Debug)]
@@ -23,8 +22,9 @@ pub struct TokenizedRequest {
     pub prompt: Vec<u32>,
     /// Validated sampling parameters.
     pub sampling: SamplingParams,
-    /// The request's plugin instances (configured), if it named any.
-    pub plugins: Option<PluginChain>,
+    /// The request's sampling stage: native processors, its plugin instances
+    /// (configured), the seeded sampler.
+    pub chain: SamplerChain,
     /// Where events go.
     pub events: EventSender,
     /// Set when the client cancels or disconnects.
@@ -87,8 +87,7 @@ pub struct Sequence {
     pub in_flight: usize,
     /// Generation budget: `min(max_tokens, context_window − prompt length)`, tokens.
     pub max_new_tokens: usize,
-    sampler: Sampler,
-    plugins: Option<PluginChain>,
+    chain: SamplerChain,
     output: OutputStream,
     events: EventSender,
     /// Cancellation flag.
@@ -98,6 +97,8 @@ pub struct Sequence {
     last_token_at: Option<Instant>,
     /// Ids sampled since the last delta was sent.
     unsent_ids: Vec<u32>,
+    /// Their log-probabilities, when the request asked for them.
+    unsent_logprobs: Vec<TokenLogprobs>,
     /// Whether `started` was sent (the sequence was admitted to run).
     pub started: bool,
     /// Times this sequence was preempted (its KV freed, to be recomputed).
@@ -136,8 +137,7 @@ impl Sequence {
             cached_tokens: 0,
             id: req.seq,
             client_id: req.client_id,
-            sampler: Sampler::new(&req.sampling),
-            plugins: req.plugins,
+            chain: req.chain,
             output: OutputStream::new(req.sampling.stop.clone()),
             prompt: req.prompt,
             generated: Vec::new(),
@@ -150,6 +150,7 @@ impl Sequence {
             first_token_at: None,
             last_token_at: None,
             unsent_ids: Vec::new(),
+            unsent_logprobs: Vec::new(),
             started: false,
             preemptions: 0,
         }
@@ -234,57 +235,59 @@ impl Sequence {
         });
     }
 
-    /// Samples the next token from `logits` `(vocab_size,)`: the request's logits
-    /// processor plugins edit the row in place, then its sampler plugin (if any, with one
-    /// uniform draw from the request's seeded RNG) or the native sampler chooses.
+    /// Chooses the next token from `logits` `(vocab_size,)` through the request's
+    /// [`SamplerChain`] (penalties, logit bias, plugins, the seeded draw).
     ///
     /// # Errors
-    /// `plugin_trap` from a plugin; the native sampler's error (e.g. every logit NaN).
-    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, InferError> {
-        let Some(chain) = self.plugins.as_mut() else {
-            return self.sampler.sample(logits);
-        };
-        let step = StepView {
+    /// `plugin_trap` from a plugin; the sampler's error (e.g. every logit NaN).
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<Sampled, InferError> {
+        let ctx = StepContext {
             sequence_id: self.id.0,
-            prompt_tokens: self.prompt.len(),
+            prompt: &self.prompt,
             generated: &self.generated,
         };
-        chain.process(&step, logits)?;
-        if chain.has_sampler() {
-            let u = self.sampler.next_uniform();
-            chain.sample(&step, logits, u)
-        } else {
-            self.sampler.sample(logits)
-        }
+        self.chain.step(&ctx, logits)
     }
 
-    /// Records the sampled `token` (whose raw bytes are `bytes`; `is_eog` for an
-    /// end-of-generation token), streams any releasable text, and decides whether
-    /// generation ends.
-    pub fn accept_token(&mut self, token: u32, bytes: &[u8], is_eog: bool) -> TokenOutcome {
+    /// Records the sampled token (whose raw bytes are `bytes`; `is_eog` for an
+    /// end-of-generation token), tells the sampling chain, streams any releasable text,
+    /// and decides whether generation ends.
+    ///
+    /// # Errors
+    /// A processor of the chain that cannot follow the token.
+    pub fn accept_token(
+        &mut self,
+        sampled: Sampled,
+        bytes: &[u8],
+        is_eog: bool,
+    ) -> Result<TokenOutcome, InferError> {
+        let token = sampled.token;
+        self.chain.accept(token)?;
         let now = Instant::now();
         self.first_token_at.get_or_insert(now);
         self.last_token_at = Some(now);
         self.generated.push(token);
         self.unsent_ids.push(token);
+        self.unsent_logprobs.extend(sampled.logprobs);
         if is_eog {
-            return TokenOutcome::Finished(FinishReason::Stop);
+            return Ok(TokenOutcome::Finished(FinishReason::Stop));
         }
         let emit = self.output.push(bytes);
         if !emit.text.is_empty() {
-            let ids = std::mem::take(&mut self.unsent_ids);
-            self.send(StreamEvent::Delta {
+            let event = StreamEvent::Delta {
                 text: emit.text,
-                token_ids: ids,
-            });
+                token_ids: std::mem::take(&mut self.unsent_ids),
+                logprobs: std::mem::take(&mut self.unsent_logprobs),
+            };
+            self.send(event);
         }
-        if emit.stopped {
+        Ok(if emit.stopped {
             TokenOutcome::Finished(FinishReason::Stop)
         } else if self.generated.len() >= self.max_new_tokens {
             TokenOutcome::Finished(FinishReason::Length)
         } else {
             TokenOutcome::Continue
-        }
+        })
     }
 
     /// Flushes held-back text and sends `done`. Returns `(ttft_ms, completion tokens)`.
@@ -295,11 +298,12 @@ impl Sequence {
             self.output.finish()
         };
         if !rest.is_empty() || !self.unsent_ids.is_empty() {
-            let ids = std::mem::take(&mut self.unsent_ids);
-            self.send(StreamEvent::Delta {
+            let event = StreamEvent::Delta {
                 text: rest,
-                token_ids: ids,
-            });
+                token_ids: std::mem::take(&mut self.unsent_ids),
+                logprobs: std::mem::take(&mut self.unsent_logprobs),
+            };
+            self.send(event);
         }
         let timings = self.timings();
         self.send(StreamEvent::Done {

@@ -9,6 +9,7 @@ use super::policy::{Scheduler, SchedulerLimits};
 use super::sequence::{TokenOutcome, TokenizedRequest};
 use crate::error::ErrorKind;
 use crate::request::{CancelFlag, EventReceiver, FinishReason, SamplingParams, SeqId, StreamEvent};
+use crate::sampling::{Sampled, SamplerChain};
 
 fn params(max_tokens: usize, stop: &[&str]) -> SamplingParams {
     SamplingParams {
@@ -19,6 +20,23 @@ fn params(max_tokens: usize, stop: &[&str]) -> SamplingParams {
         seed: 0,
         max_tokens,
         stop: stop.iter().map(|s| s.to_string()).collect(),
+        ..SamplingParams::default()
+    }
+}
+
+/// `accept_token` without log-probabilities, for tests whose chain cannot fail.
+trait PushToken {
+    fn push_token(&mut self, token: u32, bytes: &[u8], is_eog: bool) -> TokenOutcome;
+}
+
+impl PushToken for super::sequence::Sequence {
+    fn push_token(&mut self, token: u32, bytes: &[u8], is_eog: bool) -> TokenOutcome {
+        let sampled = Sampled {
+            token,
+            logprobs: None,
+        };
+        self.accept_token(sampled, bytes, is_eog)
+            .expect("native chains accept every token")
     }
 }
 
@@ -33,8 +51,8 @@ fn request(
         seq: SeqId(id),
         client_id: format!("r{id}"),
         prompt: (0..prompt_len as u32).map(|i| 100 + i).collect(),
+        chain: SamplerChain::new(&params(max_tokens, &[]), &[]),
         sampling: params(max_tokens, &[]),
-        plugins: None,
         events: tx,
         cancel: cancel.clone(),
         received_at: Instant::now(),
@@ -70,7 +88,7 @@ fn complete_step(s: &mut Scheduler, ids: &[u64], token: u32) {
             let ran = std::mem::take(&mut q.in_flight);
             q.computed += ran;
             if ran > 0 && q.pending_len() == 0 {
-                q.accept_token(token, b"t", false);
+                q.push_token(token, b"t", false);
             }
         }
     }
@@ -103,7 +121,7 @@ fn prefill_then_one_token_per_step() {
     let seq = s.running_mut(SeqId(1)).expect("running");
     assert_eq!(seq.in_flight, 3);
     seq.computed = 3;
-    assert_eq!(seq.accept_token(7, b"x", false), TokenOutcome::Continue);
+    assert_eq!(seq.push_token(7, b"x", false), TokenOutcome::Continue);
     let (batch, _) = s.schedule();
     assert_eq!(batch.items[0].tokens, vec![7]);
 }
@@ -132,10 +150,10 @@ fn generation_budget_is_capped_by_the_context_window() {
     let seq = s.running_mut(SeqId(1)).expect("running");
     assert_eq!(seq.max_new_tokens, 5);
     for i in 0..4 {
-        assert_eq!(seq.accept_token(i, b"a", false), TokenOutcome::Continue);
+        assert_eq!(seq.push_token(i, b"a", false), TokenOutcome::Continue);
     }
     assert_eq!(
-        seq.accept_token(9, b"a", false),
+        seq.push_token(9, b"a", false),
         TokenOutcome::Finished(FinishReason::Length)
     );
 }
@@ -173,7 +191,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
         client_id: "r".into(),
         prompt: vec![1, 2],
         sampling: params(10, &["STOP"]),
-        plugins: None,
+        chain: SamplerChain::new(&SamplingParams::default(), &[]),
         events: tx,
         cancel: CancelFlag::new(),
         received_at: Instant::now(),
@@ -184,14 +202,14 @@ fn finishing_streams_the_rest_and_reports_usage() {
     s.schedule();
     let seq = s.running_mut(SeqId(1)).expect("running");
     assert_eq!(
-        seq.accept_token(10, "héllo ".as_bytes(), false),
+        seq.push_token(10, "héllo ".as_bytes(), false),
         TokenOutcome::Continue
     );
     // "ST" may start the stop string: held back.
-    assert_eq!(seq.accept_token(11, b"ST", false), TokenOutcome::Continue);
+    assert_eq!(seq.push_token(11, b"ST", false), TokenOutcome::Continue);
     // EOS: the held text is flushed with the remaining ids, then done.
     assert_eq!(
-        seq.accept_token(2, b"", true),
+        seq.push_token(2, b"", true),
         TokenOutcome::Finished(FinishReason::Stop)
     );
     let mut seq = s.remove_running(SeqId(1)).expect("remove");
@@ -204,14 +222,16 @@ fn finishing_streams_the_rest_and_reports_usage() {
         events[0],
         StreamEvent::Delta {
             text: "héllo ".into(),
-            token_ids: vec![10]
+            token_ids: vec![10],
+            logprobs: vec![]
         }
     );
     assert_eq!(
         events[1],
         StreamEvent::Delta {
             text: "ST".into(),
-            token_ids: vec![11, 2]
+            token_ids: vec![11, 2],
+            logprobs: vec![]
         }
     );
     match &events[2] {
@@ -239,7 +259,7 @@ fn long_prompts_are_prefilled_in_chunks_within_a_step_budget() {
     assert_eq!(b.items[0].tokens.len(), 3);
     let seq = s.running_mut(SeqId(1)).expect("running");
     seq.computed += std::mem::take(&mut seq.in_flight);
-    seq.accept_token(50, b"a", false);
+    seq.push_token(50, b"a", false);
     let (r2, _rx2, _c2) = request(2, 20, 10);
     let (r3, _rx3, _c3) = request(3, 5, 10);
     s.submit(r2).expect("submit");
@@ -254,7 +274,7 @@ fn long_prompts_are_prefilled_in_chunks_within_a_step_budget() {
                 let ran = std::mem::take(&mut q.in_flight);
                 q.computed += ran;
                 if ran > 0 && q.pending_len() == 0 {
-                    q.accept_token(60 + step, b"b", false);
+                    q.push_token(60 + step, b"b", false);
                 }
             }
         }

@@ -6,7 +6,7 @@
 //! A request body is translated into a protocol-v1 `generate` object and validated by
 //! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
 //! so both edges accept and refuse the same values with the same messages. OpenAI
-//! fields inferd cannot honour (`n` > 1, penalties, `logit_bias`, `logprobs`, tools, ...)
+//! fields inferd cannot honour yet (`n` > 1, `echo`, `response_format`, tools, ...)
 //! are refused with a 400 naming the field rather than silently ignored.
 
 use std::collections::VecDeque;
@@ -22,8 +22,10 @@ use serde_json::{json, Map, Value};
 use super::http::{self, Body, FrameStream};
 use super::{unix_now, Engine, State, Tracked};
 use crate::api::validate::{parse_generate_object, quote};
+use crate::api::wire::LOGPROB_FLOOR;
 use crate::error::InferError;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
+use crate::sampling::{TokenLogprobs, TopLogprob};
 
 /// Longest wait for a request body to arrive, as for its headers (hyper's
 /// `header_read_timeout`), so half-sent requests cannot hold connections open.
@@ -38,8 +40,9 @@ pub enum Endpoint {
     Completion,
 }
 
-/// Fields passed to the `generate` validator unchanged (inferd's extensions `top_k`,
-/// `min_p`, `plugins`, `cache`, `cache_salt` included).
+/// Fields passed to the `generate` validator unchanged (the extensions `top_k`,
+/// `min_p`, `repetition_penalty`, `repeat_last_n`, `min_tokens`, `plugins`, `cache`,
+/// `cache_salt` included).
 const PASSED: &[&str] = &[
     "temperature",
     "top_p",
@@ -50,7 +53,16 @@ const PASSED: &[&str] = &[
     "plugins",
     "cache",
     "cache_salt",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repeat_last_n",
+    "min_tokens",
+    "logit_bias",
 ];
+/// Most alternatives the completions endpoint's integer `logprobs` may ask for
+/// (OpenAI's bound).
+const MAX_COMPLETION_LOGPROBS: u64 = 5;
 /// Fields read here.
 const COMMON: &[&str] = &[
     "model",
@@ -59,9 +71,6 @@ const COMMON: &[&str] = &[
     "max_tokens",
     "n",
     "user",
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
     "logprobs",
 ];
 const CHAT_ONLY: &[&str] = &[
@@ -96,6 +105,73 @@ fn invalid(message: String) -> Refusal {
 struct Options {
     stream: bool,
     include_usage: bool,
+    /// Whether the response carries `logprobs`.
+    logprobs: bool,
+}
+
+// Log-probabilities in OpenAI's two shapes: chat's `logprobs.content` list and the
+// legacy completions object (`tokens`, `token_logprobs`, `top_logprobs`,
+// `text_offset`, offsets in characters of the generated text).
+
+/// A log-probability as a JSON number (`−∞` as [`LOGPROB_FLOOR`]): the shortest
+/// decimal that reads back as the f32, as the WebSocket writes it (`json!` would widen
+/// the f32 to f64 and print all of that f64's digits).
+fn logprob_number(x: f32) -> f64 {
+    let x = if x.is_finite() { x } else { LOGPROB_FLOOR };
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
+fn token_string(t: &TopLogprob) -> String {
+    String::from_utf8_lossy(&t.bytes).into_owned()
+}
+
+fn chat_entry(t: &TopLogprob) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("token".into(), json!(token_string(t)));
+    m.insert("logprob".into(), json!(logprob_number(t.logprob)));
+    m.insert("bytes".into(), json!(t.bytes));
+    m
+}
+
+fn chat_logprobs(entries: &[TokenLogprobs]) -> Value {
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut m = chat_entry(&e.chosen);
+            let top: Vec<Value> = e.top.iter().map(|t| Value::Object(chat_entry(t))).collect();
+            m.insert("top_logprobs".into(), Value::Array(top));
+            Value::Object(m)
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// The completions shape; `offset` is the characters of text before these tokens,
+/// advanced past them.
+fn completion_logprobs(entries: &[TokenLogprobs], offset: &mut usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top_logprobs = Vec::new();
+    let mut text_offset = Vec::new();
+    for e in entries {
+        let text = token_string(&e.chosen);
+        text_offset.push(*offset);
+        *offset += text.chars().count();
+        tokens.push(text);
+        token_logprobs.push(logprob_number(e.chosen.logprob));
+        let top: Map<String, Value> = e
+            .top
+            .iter()
+            .map(|t| (token_string(t), json!(logprob_number(t.logprob))))
+            .collect();
+        top_logprobs.push(Value::Object(top));
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    })
 }
 
 /// Handles a completion request end to end.
@@ -159,9 +235,9 @@ async fn try_generate(
             tracked.observe(&StreamEvent::Error(e));
             return Err(refusal);
         }
-        Ok(sse(reply, tracked, rx, first, options.include_usage))
+        Ok(sse(reply, tracked, rx, first, &options))
     } else {
-        collect(reply, tracked, rx).await
+        collect(reply, tracked, rx, options.logprobs).await
     }
 }
 
@@ -260,27 +336,6 @@ fn translate(
             "1 (one choice per request)",
         ),
         ("best_of", |v| v.as_f64() == Some(1.0), "1"),
-        (
-            "presence_penalty",
-            |v| v.as_f64() == Some(0.0),
-            "0 (penalties are not supported)",
-        ),
-        (
-            "frequency_penalty",
-            |v| v.as_f64() == Some(0.0),
-            "0 (penalties are not supported)",
-        ),
-        (
-            "logit_bias",
-            |v| v.as_object().is_some_and(Map::is_empty),
-            "{} (use a logits-processor plugin for biases)",
-        ),
-        (
-            "logprobs",
-            |v| v == &Value::Bool(false),
-            "false or null (log probabilities are not returned)",
-        ),
-        ("top_logprobs", |v| v.as_u64() == Some(0), "0 or null"),
         ("echo", |v| v == &Value::Bool(false), "false"),
         ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
         (
@@ -365,14 +420,23 @@ fn translate(
         Endpoint::Chat => {
             let messages = obj.get("messages").cloned().unwrap_or(Value::Null);
             out.insert("messages".into(), messages);
+            for field in ["logprobs", "top_logprobs"] {
+                if let Some(v) = obj.get(field) {
+                    out.insert(field.into(), v.clone());
+                }
+            }
         }
         Endpoint::Completion => {
             let prompt = match obj.get("prompt") {
-                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].clone(),
+                Some(Value::Array(a)) if a.len() == 1 && (a[0].is_string() || a[0].is_array()) => {
+                    a[0].clone()
+                }
+                // Token ids (validated as such by the generate parser).
+                Some(Value::Array(a)) if a.iter().all(Value::is_number) => Value::Array(a.clone()),
                 Some(Value::Array(_)) => {
                     return Err(invalid(
-                        "prompt must be a string or an array of one string (batches and \
-                         token-id prompts are not supported)"
+                        "prompt must be a string, an array of token ids, or an array of one \
+                         of those (batches of prompts are not supported)"
                             .into(),
                     ))
                 }
@@ -380,13 +444,34 @@ fn translate(
                 None => Value::Null,
             };
             out.insert("prompt".into(), prompt);
+            // The legacy integer `logprobs`: that many alternatives, 0 for the sampled
+            // token's only.
+            if let Some(v) = given(obj, "logprobs") {
+                let n = match v.as_u64() {
+                    Some(n) if n <= MAX_COMPLETION_LOGPROBS => n,
+                    _ => {
+                        return Err(invalid(format!(
+                            "logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] on \
+                             /v1/completions (got {})",
+                            quote(v)
+                        )))
+                    }
+                };
+                out.insert("logprobs".into(), json!(true));
+                out.insert("top_logprobs".into(), json!(n));
+            }
         }
     }
+    let logprobs = match endpoint {
+        Endpoint::Chat => given(obj, "logprobs") == Some(&Value::Bool(true)),
+        Endpoint::Completion => given(obj, "logprobs").is_some(),
+    };
     Ok((
         out,
         Options {
             stream,
             include_usage,
+            logprobs,
         },
     ))
 }
@@ -431,14 +516,23 @@ impl Reply {
         m
     }
 
+    /// The `logprobs` of a choice: `null` unless the request asked for them.
+    fn logprobs(&self, asked: bool, entries: &[TokenLogprobs], offset: &mut usize) -> Value {
+        match (asked, self.endpoint) {
+            (false, _) => Value::Null,
+            (true, Endpoint::Chat) => chat_logprobs(entries),
+            (true, Endpoint::Completion) => completion_logprobs(entries, offset),
+        }
+    }
+
     /// One streamed choice: `delta` (chat) or `text` (completion).
-    fn chunk(&self, delta: Value, text: &str, finish: Value) -> Value {
+    fn chunk(&self, delta: Value, text: &str, logprobs: Value, finish: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
-                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish })
+                json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
             }
             Endpoint::Completion => {
-                json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish })
+                json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
             }
         };
         Value::Object(self.envelope(true, json!([choice])))
@@ -458,6 +552,10 @@ struct Sse {
     rx: EventReceiver,
     first: Option<StreamEvent>,
     include_usage: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    /// Characters of text streamed so far (the completions `text_offset`).
+    offset: usize,
     queue: VecDeque<Bytes>,
     finished: bool,
 }
@@ -472,13 +570,19 @@ impl Sse {
         match event {
             StreamEvent::Started { .. } => {
                 if r.endpoint == Endpoint::Chat {
-                    let c = r.chunk(json!({"role": "assistant", "content": ""}), "", Value::Null);
+                    let c = r.chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        "",
+                        Value::Null,
+                        Value::Null,
+                    );
                     self.queue.push_back(sse_line(&c));
                 }
             }
-            StreamEvent::Delta { text, .. } => {
-                if !text.is_empty() {
-                    let c = r.chunk(json!({ "content": text }), &text, Value::Null);
+            StreamEvent::Delta { text, logprobs, .. } => {
+                if !text.is_empty() || (self.logprobs && !logprobs.is_empty()) {
+                    let lp = r.logprobs(self.logprobs, &logprobs, &mut self.offset);
+                    let c = r.chunk(json!({ "content": text }), &text, lp, Value::Null);
                     self.queue.push_back(sse_line(&c));
                 }
             }
@@ -487,7 +591,7 @@ impl Sse {
                 usage,
                 ..
             } => {
-                let c = r.chunk(json!({}), "", finish_reason(reason));
+                let c = r.chunk(json!({}), "", Value::Null, finish_reason(reason));
                 self.queue.push_back(sse_line(&c));
                 if self.include_usage {
                     let mut u = r.envelope(true, json!([]));
@@ -537,14 +641,16 @@ fn sse(
     tracked: Tracked,
     rx: EventReceiver,
     first: Option<StreamEvent>,
-    include_usage: bool,
+    options: &Options,
 ) -> Response<Body> {
     let state = Sse {
         reply,
         tracked,
         rx,
         first,
-        include_usage,
+        include_usage: options.include_usage,
+        logprobs: options.logprobs,
+        offset: 0,
         queue: VecDeque::new(),
         finished: false,
     };
@@ -570,8 +676,10 @@ async fn collect(
     reply: Reply,
     mut tracked: Tracked,
     mut rx: EventReceiver,
+    logprobs: bool,
 ) -> Result<Response<Body>, Refusal> {
     let mut text = String::new();
+    let mut entries = Vec::new();
     loop {
         let event = rx.recv().await.unwrap_or_else(|| {
             StreamEvent::Error(InferError::internal("the request ended without a result"))
@@ -579,24 +687,32 @@ async fn collect(
         tracked.observe(&event);
         match event {
             StreamEvent::Started { .. } => {}
-            StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+            StreamEvent::Delta {
+                text: t,
+                logprobs: lp,
+                ..
+            } => {
+                text.push_str(&t);
+                entries.extend(lp);
+            }
             StreamEvent::Error(e) => return Err(e.into()),
             StreamEvent::Done {
                 finish_reason: reason,
                 usage,
                 ..
             } => {
+                let lp = reply.logprobs(logprobs, &entries, &mut 0);
                 let choice = match reply.endpoint {
                     Endpoint::Chat => json!({
                         "index": 0,
                         "message": { "role": "assistant", "content": text },
-                        "logprobs": null,
+                        "logprobs": lp,
                         "finish_reason": finish_reason(reason),
                     }),
                     Endpoint::Completion => json!({
                         "index": 0,
                         "text": text,
-                        "logprobs": null,
+                        "logprobs": lp,
                         "finish_reason": finish_reason(reason),
                     }),
                 };
@@ -638,6 +754,44 @@ mod tests {
         assert!(o.stream && o.include_usage);
     }
 
+    /// Penalties, bias and log-probabilities pass through to the validator; the
+    /// completions endpoint's integer `logprobs` becomes `top_logprobs`.
+    #[test]
+    fn steering_fields_pass_through() {
+        let (g, o) = tr(
+            json!({"messages": [], "presence_penalty": 0.5, "frequency_penalty": -1,
+                   "logit_bias": {"1": 5}, "logprobs": true, "top_logprobs": 3,
+                   "repetition_penalty": 1.1, "repeat_last_n": 8, "min_tokens": 2}),
+            Endpoint::Chat,
+        )
+        .expect("valid");
+        for (k, v) in [
+            ("presence_penalty", json!(0.5)),
+            ("frequency_penalty", json!(-1)),
+            ("logit_bias", json!({"1": 5})),
+            ("logprobs", json!(true)),
+            ("top_logprobs", json!(3)),
+            ("repetition_penalty", json!(1.1)),
+            ("repeat_last_n", json!(8)),
+            ("min_tokens", json!(2)),
+        ] {
+            assert_eq!(g[k], v, "{k}");
+        }
+        assert!(o.logprobs);
+        let (g, o) = tr(json!({"prompt": "x", "logprobs": 2}), Endpoint::Completion).expect("ok");
+        assert_eq!(
+            (&g["logprobs"], &g["top_logprobs"]),
+            (&json!(true), &json!(2))
+        );
+        assert!(o.logprobs);
+        let (g, o) = tr(
+            json!({"prompt": "x", "logprobs": null}),
+            Endpoint::Completion,
+        )
+        .expect("ok");
+        assert!(g.get("logprobs").is_none() && !o.logprobs);
+    }
+
     #[test]
     fn unsupported_values_unknown_fields_and_other_models_are_refused() {
         let chat = |extra: Value| {
@@ -649,11 +803,7 @@ mod tests {
         };
         assert_eq!(chat(json!({"n": 2})).as_deref(), Some("400 Bad Request"));
         assert_eq!(
-            chat(json!({"presence_penalty": 0.5})).as_deref(),
-            Some("400 Bad Request")
-        );
-        assert_eq!(
-            chat(json!({"logit_bias": {"1": 5}})).as_deref(),
+            chat(json!({"response_format": {"type": "json_object"}})).as_deref(),
             Some("400 Bad Request")
         );
         assert_eq!(
@@ -677,8 +827,18 @@ mod tests {
         let (g, o) = tr(json!({"prompt": ["once"]}), Endpoint::Completion).expect("valid");
         assert_eq!(g["prompt"], json!("once"));
         assert!(!o.stream);
+        let (g, _) = tr(json!({"prompt": [1, 2]}), Endpoint::Completion).expect("token ids");
+        assert_eq!(g["prompt"], json!([1, 2]));
+        let (g, _) = tr(json!({"prompt": [[3, 4]]}), Endpoint::Completion).expect("one list");
+        assert_eq!(g["prompt"], json!([3, 4]));
         assert_eq!(
-            tr(json!({"prompt": [1, 2]}), Endpoint::Completion)
+            tr(json!({"prompt": ["a", "b"]}), Endpoint::Completion)
+                .err()
+                .as_deref(),
+            Some("400 Bad Request")
+        );
+        assert_eq!(
+            tr(json!({"prompt": "x", "logprobs": 6}), Endpoint::Completion)
                 .err()
                 .as_deref(),
             Some("400 Bad Request")

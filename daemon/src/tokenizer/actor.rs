@@ -9,6 +9,7 @@ use actix::{Actor, Addr, Handler, Message, SyncContext};
 use crate::error::InferError;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
+use crate::sampling::SamplerChain;
 use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
 
 use super::TextTokenizer;
@@ -76,6 +77,7 @@ impl TokenizerActor {
     fn prompt_ids(&self, input: &PromptInput) -> Result<Vec<u32>, InferError> {
         match input {
             PromptInput::Messages(m) => Ok(self.tokenizer.encode_chat(m)?.1),
+            PromptInput::Tokens(ids) => Ok(ids.clone()),
             PromptInput::Text(t) => self
                 .tokenizer
                 .encode_prompt(t)
@@ -98,8 +100,8 @@ impl Handler<Prepare> for TokenizerActor {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
                     prompt,
+                    chain: SamplerChain::new(&msg.request.sampling, self.tokenizer.eog_token_ids()),
                     sampling: msg.request.sampling,
-                    plugins: None,
                     events: msg.events,
                     cancel: msg.cancel,
                     received_at: msg.received_at,

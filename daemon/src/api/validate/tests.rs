@@ -214,11 +214,23 @@ fn prompt_rules() {
     );
     invalid(
         generate(json!({"prompt": 3})),
-        "prompt must be a string (got 3)",
+        "prompt must be a string or an array of token ids (got 3)",
+    );
+    assert_eq!(
+        input(generate(json!({"prompt": [1, 31999]}))),
+        PromptInput::Tokens(vec![1, 31999])
     );
     invalid(
         generate(json!({"prompt": ["a"]})),
-        "prompt must be a string (got [\"a\"])",
+        "prompt[0] must be an integer (got \"a\")",
+    );
+    invalid(
+        generate(json!({"prompt": [5, 32000]})),
+        "prompt[1] must be < the vocabulary size 32000 (got 32000)",
+    );
+    invalid(
+        generate(json!({"prompt": []})),
+        "prompt must be a non-empty string or a non-empty array of token ids (got [])",
     );
 }
 
@@ -401,6 +413,7 @@ fn full_generate_example() {
                 seed: 1,
                 max_tokens: 64,
                 stop: vec!["\n\n".into()],
+                ..SamplingParams::default()
             },
             plugins: vec![],
             cache: crate::request::CacheOptions::default(),
@@ -1035,5 +1048,131 @@ fn plugins_message_has_an_optional_id() {
     invalid(
         json!({"type": "plugins", "verbose": true}),
         "unknown field \"verbose\" in plugins message",
+    );
+}
+
+// --- steering: penalties, min_tokens, logit_bias, logprobs ----------------------------
+
+#[test]
+fn penalties_bounds_and_defaults() {
+    let d = sampling(generate(json!({})));
+    assert_eq!(
+        (
+            d.presence_penalty,
+            d.frequency_penalty,
+            d.repetition_penalty
+        ),
+        (0.0, 0.0, 1.0)
+    );
+    assert_eq!(d.repeat_last_n, Some(64));
+    let s = sampling(generate(
+        json!({"presence_penalty": -2, "frequency_penalty": 1.5,
+        "repetition_penalty": 1.3, "repeat_last_n": -1}),
+    ));
+    assert_eq!(
+        (
+            s.presence_penalty,
+            s.frequency_penalty,
+            s.repetition_penalty
+        ),
+        (-2.0, 1.5, 1.3)
+    );
+    assert_eq!(s.repeat_last_n, None);
+    assert_eq!(
+        sampling(generate(json!({"repeat_last_n": 0}))).repeat_last_n,
+        Some(0)
+    );
+    invalid(
+        generate(json!({"presence_penalty": 2.5})),
+        "presence_penalty must be in [-2, 2] (got 2.5)",
+    );
+    invalid(
+        generate(json!({"frequency_penalty": "high"})),
+        "frequency_penalty must be a number (got \"high\")",
+    );
+    invalid(
+        generate(json!({"repetition_penalty": 0})),
+        "repetition_penalty must be in (0, 10] (got 0)",
+    );
+    invalid(
+        generate(json!({"repeat_last_n": -2})),
+        "repeat_last_n must be -1 (the whole sequence), 0 (off) or a window length (got -2)",
+    );
+}
+
+#[test]
+fn min_tokens_is_bounded_by_max_tokens() {
+    assert_eq!(
+        sampling(generate(json!({"min_tokens": 8, "max_tokens": 8}))).min_tokens,
+        8
+    );
+    invalid(
+        generate(json!({"min_tokens": 9, "max_tokens": 8})),
+        "min_tokens must be <= max_tokens = 8 (got 9)",
+    );
+}
+
+#[test]
+fn logit_bias_rules() {
+    let s = sampling(generate(
+        json!({"logit_bias": {"31999": 100, "5": -100, "2": 0.5}}),
+    ));
+    assert_eq!(s.logit_bias, vec![(2, 0.5), (5, -100.0), (31999, 100.0)]);
+    invalid(
+        generate(json!({"logit_bias": {"32000": 1}})),
+        "logit_bias key \"32000\" must be a token id below the vocabulary size 32000",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"hello": 1}})),
+        "logit_bias keys must be token ids, integers written as strings (got key \"hello\")",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"-1": 1}})),
+        "(got key \"-1\")",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"1.5": 1}})),
+        "(got key \"1.5\")",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"7": 101}})),
+        "logit_bias[\"7\"] must be in [-100, 100] (got 101)",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"7": null}})),
+        "logit_bias[\"7\"] must be a number (got null)",
+    );
+    invalid(
+        generate(json!({"logit_bias": [1, 2]})),
+        "logit_bias must be an object mapping token ids to biases",
+    );
+}
+
+#[test]
+fn logprobs_and_top_logprobs() {
+    assert_eq!(sampling(generate(json!({}))).logprobs, None);
+    assert_eq!(
+        sampling(generate(json!({"logprobs": false}))).logprobs,
+        None
+    );
+    assert_eq!(
+        sampling(generate(json!({"logprobs": true}))).logprobs,
+        Some(0)
+    );
+    assert_eq!(
+        sampling(generate(json!({"logprobs": true, "top_logprobs": 20}))).logprobs,
+        Some(20)
+    );
+    invalid(
+        generate(json!({"logprobs": true, "top_logprobs": 21})),
+        "top_logprobs must be <= 20 (got 21)",
+    );
+    invalid(
+        generate(json!({"top_logprobs": 2})),
+        "top_logprobs needs logprobs: true",
+    );
+    invalid(
+        generate(json!({"logprobs": 3})),
+        "logprobs must be a boolean (got 3)",
     );
 }

@@ -20,7 +20,7 @@ pub const SETUP_THREADS: usize = 2;
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct SetupPlugins {
-    /// The tokenized request (its `plugins` is `None` until set up here).
+    /// The tokenized request (its chain has no plugins until set up here).
     pub request: TokenizedRequest,
     /// The request's plugin list, in order.
     pub specs: Vec<PluginSpec>,
@@ -56,7 +56,7 @@ impl Handler<SetupPlugins> for PluginSetupActor {
                 Err(poisoned) => poisoned.into_inner().clone(),
             };
             match registry.instantiate(&msg.specs, req.sampling.seed, &req.client_id) {
-                Ok(chain) => req.plugins = chain,
+                Ok(chain) => req.chain.set_plugins(chain),
                 // Cancelled while configuring: the scheduler ends it as cancelled.
                 Err(_) if req.cancel.is_cancelled() => {}
                 Err(e) => {
