@@ -37,6 +37,7 @@
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 pub mod block_tiles;
+pub mod expf;
 pub mod half;
 pub mod isa;
 pub mod kbatch;

@@ -24,39 +24,7 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     }
 }
 
-/// ggml's vectorized `expf` (`ggml_v_expf`, the AVX-512 variant in `vec.h`, after ARM's
-/// optimized routines; at most 1.5 ulp from the true value), one lane: range reduction
-/// `n = round(x / ln 2)`, a degree-5 polynomial in FMAs, `scalef(j, n)`. Written without
-/// branches on the value so that loops over it vectorize.
-#[inline(always)]
-pub fn v_expf(x: f32) -> f32 {
-    let c = f32::from_bits;
-    let r = c(0x4b40_0000); // 0x1.8p23
-    let z = x.mul_add(c(0x3fb8_aa3b), r);
-    let n = z - r;
-    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
-    let u = b * b;
-    let j = c(0x3c07_2010)
-        .mul_add(b, c(0x3d2b_9f17))
-        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
-    let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-    // `_mm512_scalef_ps(j, n)`: j · 2^n rounded once. In two steps: j ∈ [0.7, 1.42], so
-    // j · 2^a with a ∈ [−125, 127] is exact (normal), then · 2^(n − a) rounds once.
-    let ni = n.clamp(-192.0, 192.0) as i32;
-    let a = ni.clamp(-125, 127);
-    let pow = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    let res = j * pow(a) * pow((ni - a).clamp(-126, 127));
-    let big = n.abs() > 192.0;
-    if big {
-        if n <= 0.0 {
-            0.0
-        } else {
-            f32::INFINITY
-        }
-    } else {
-        res
-    }
-}
+pub use inferd_kernels::expf::v_expf;
 
 /// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
 /// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest. The

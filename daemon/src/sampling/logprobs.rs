@@ -5,6 +5,8 @@
 //! OpenAI's `logprobs` return (the model's distribution, not the sampler's), and
 //! vLLM's default (`logprobs_mode = raw_logprobs`).
 
+use inferd_kernels::expf::exp_sum;
+
 /// One token and its log-probability (natural log).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopLogprob {
@@ -26,22 +28,28 @@ pub struct TokenLogprobs {
     pub top: Vec<TopLogprob>,
 }
 
-/// `max` and `ln Σ exp(l − max)` of a logits row, in f64 (NaN counts as −∞).
-/// Returns `None` when no logit is finite.
+/// `max + ln Σ exp(l − max)` of a logits row (NaN counts as −∞), the terms by ggml's
+/// vectorized `expf` (≤ 1.5 ulp each, [`inferd_kernels::expf::exp_sum`]) in 16 lanes
+/// and summed in f64: a 262,144-token row costs tens of µs instead of the
+/// milliseconds of a scalar f64 `exp` per token. Returns `None` when no logit is finite.
 fn log_normalizer(logits: &[f32]) -> Option<f64> {
-    let max = logits
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = m.max(l); // `f32::max` skips NaN
+        }
+    }
+    let max = tail
         .iter()
-        .copied()
-        .filter(|l| !l.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
     if !max.is_finite() {
         return None;
     }
-    let sum: f64 = logits
-        .iter()
-        .filter(|l| !l.is_nan())
-        .map(|&l| (f64::from(l) - f64::from(max)).exp())
-        .sum();
+    let sum = exp_sum(logits, max);
     Some(f64::from(max) + sum.ln())
 }
 
