@@ -19,16 +19,17 @@ if ! command -v systemd-analyze >/dev/null; then
     if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq systemd; else
         sudo apt-get update -qq && sudo apt-get install -y -qq systemd; fi
 fi
-# tests/tests/http_api.rs drives the OpenAI-compatible API with the official `openai`
-# package and parses /metrics with prometheus_client, from a virtual environment here.
+# tests/tests/http_api.rs and steering.rs drive the OpenAI-compatible API with the
+# official `openai` package (checking JSON-schema output with `jsonschema`) and parse
+# /metrics with prometheus_client, from a virtual environment here.
 if [[ -z "${INFERD_TEST_PYTHON:-}" ]]; then
     if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
         if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq python3-venv; else
             sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv; fi
     fi
-    if ! target/pyenv/bin/python -c "import openai, prometheus_client" 2>/dev/null; then
+    if ! target/pyenv/bin/python -c "import openai, prometheus_client, jsonschema" 2>/dev/null; then
         python3 -m venv target/pyenv
-        target/pyenv/bin/pip install -q --disable-pip-version-check openai prometheus_client
+        target/pyenv/bin/pip install -q --disable-pip-version-check openai prometheus_client jsonschema
     fi
 fi
 scripts/build-plugins.sh

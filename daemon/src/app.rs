@@ -413,8 +413,15 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         PluginSetupActor::new(plugins_for_setup.clone(), sched_for_setup.clone())
     });
     let setup_for_tok = plugin_setup.clone();
+    let grammars = Arc::new(crate::sampling::constraint::LazyCompiler::default());
+    let grammars_for_util = grammars.clone();
     let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-        TokenizerActor::new(tok.clone(), sched_for_tok.clone(), setup_for_tok.clone())
+        TokenizerActor::new(
+            tok.clone(),
+            sched_for_tok.clone(),
+            setup_for_tok.clone(),
+            grammars.clone(),
+        )
     });
     let tok_util = tokenizer.clone();
     let utility_tokenizer = SyncArbiter::start(1, move || {
@@ -422,6 +429,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
             tok_util.clone(),
             sched_for_util.clone(),
             plugin_setup.clone(),
+            grammars_for_util.clone(),
         )
     });
     let created = crate::server::unix_now();

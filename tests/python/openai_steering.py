@@ -1,6 +1,6 @@
 """Steering through the official `openai` package, unchanged: chat log-probabilities
-(whole and streamed), logit_bias with penalties, completions log-probabilities and a
-token-id prompt.
+(whole and streamed), logit_bias with penalties, completions log-probabilities, a
+token-id prompt, and JSON-schema output checked by the `jsonschema` package.
 
 Usage: openai_steering.py BASE_URL BANG_TOKEN_ID. Prints one JSON object with what it
 saw; the Rust test (tests/tests/steering.rs) checks the values.
@@ -9,6 +9,7 @@ saw; the Rust test (tests/tests/steering.rs) checks the values.
 import json
 import sys
 
+import jsonschema
 from openai import OpenAI
 
 base_url, bang = sys.argv[1], sys.argv[2]
@@ -44,7 +45,28 @@ token_prompt = client.completions.create(
     model=model, prompt=[504, 3575, 282, 4649], max_tokens=2, temperature=0,
 )
 
+schema = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 99},
+        "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 24},
+                      "minItems": 1, "maxItems": 3},
+    },
+    "required": ["city", "population_millions", "landmarks"],
+    "additionalProperties": False,
+}
+structured = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=120, temperature=0,
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "city", "schema": schema, "strict": True}},
+)
+structured_text = structured.choices[0].message.content
+jsonschema.validate(json.loads(structured_text), schema)
+
 print(json.dumps({
+    "structured_text": structured_text,
+    "structured_finish": structured.choices[0].finish_reason,
     "whole_text": whole.choices[0].message.content,
     "whole_tokens": [t.token for t in content],
     "whole_logprobs": [t.logprob for t in content],

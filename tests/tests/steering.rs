@@ -455,4 +455,185 @@ async fn openai_shapes_of_logprobs_and_the_openai_package() {
         "{out}"
     );
     assert_eq!(out["token_prompt_tokens"], 4, "{out}");
+    // jsonschema.validate passed in the script; the turn ended by itself.
+    assert_eq!(out["structured_finish"], "stop", "{out}");
+}
+
+/// Schemas with `minItems`/`maxItems`, `pattern` + `maxLength`, `enum` and nested
+/// objects: every bound keeps the output finite, so even random weights end it.
+fn schemas() -> Vec<Value> {
+    vec![
+        json!({"type": "object", "properties": {
+            "city": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["big", "old", "capital"]},
+                     "minItems": 1, "maxItems": 3}},
+            "required": ["city", "tags"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "answer": {"enum": ["yes", "no"]},
+            "detail": {"type": "object", "properties": {
+                "score": {"type": "integer", "minimum": 0, "maximum": 9},
+                "ok": {"type": "boolean"}},
+                "required": ["score", "ok"], "additionalProperties": false}},
+            "required": ["answer", "detail"], "additionalProperties": false}),
+    ]
+}
+
+/// `schema`'s rules checked by hand on `v` (the e2e crate has no JSON Schema
+/// validator; the openai test below runs the `jsonschema` package on the same output).
+fn check_schema(i: usize, v: &Value) {
+    let obj = v.as_object().expect("an object");
+    match i {
+        0 => {
+            assert_eq!(obj.len(), 2, "{v}");
+            let city = obj["city"].as_str().expect("city");
+            assert!(
+                city.len() <= 12 && city.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+            );
+            assert!(
+                city.chars().skip(1).all(|c| c.is_ascii_lowercase()),
+                "{city}"
+            );
+            let tags = obj["tags"].as_array().expect("tags");
+            assert!((1..=3).contains(&tags.len()), "{v}");
+            assert!(tags
+                .iter()
+                .all(|t| ["big", "old", "capital"].contains(&t.as_str().unwrap_or(""))));
+        }
+        _ => {
+            assert!(
+                ["yes", "no"].contains(&obj["answer"].as_str().unwrap_or("")),
+                "{v}"
+            );
+            let d = obj["detail"].as_object().expect("detail");
+            assert!(
+                d["score"].as_u64().is_some_and(|s| s <= 9) && d["ok"].is_boolean(),
+                "{v}"
+            );
+            assert_eq!((obj.len(), d.len()), (2, 2), "{v}");
+        }
+    }
+}
+
+/// Greedy JSON-schema output parses and keeps every keyword, ending with `stop`, on
+/// the default model and on random-weight tiny models; regex and Lark grammars too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_regex_and_grammar_output_matches_and_ends() {
+    let d = Daemon::start().expect("daemon");
+    let tiny = workspace_root().join("../shared/fixtures/tiny-models");
+    let daemons = [
+        d,
+        Daemon::start_model(&tiny.join("qwen3"), None, &[]).expect("qwen3"),
+        Daemon::start_model(&tiny.join("gemma3"), None, &[]).expect("gemma3"),
+    ];
+    for (k, d) in daemons.iter().enumerate() {
+        let mut c = d.connect().await.expect("ws");
+        for (i, schema) in schemas().into_iter().enumerate() {
+            let g = c
+                .generate(chat(
+                    &format!("j{k}{i}"),
+                    json!({"max_tokens": 200, "response_format": {"type": "json_schema",
+                        "json_schema": {"name": "t", "schema": schema, "strict": true}}}),
+                ))
+                .await
+                .expect("generate");
+            assert_eq!(
+                g.finish_reason(),
+                Some("stop"),
+                "daemon {k} schema {i}: {g:?}"
+            );
+            let v: Value =
+                serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
+            check_schema(i, &v);
+        }
+        let g = c
+            .generate(chat(
+                &format!("r{k}"),
+                json!({"max_tokens": 40, "response_format": {"type": "regex", "regex": "(Paris|Lyon) [0-9]{2}"}}),
+            ))
+            .await
+            .expect("regex");
+        assert_eq!(g.finish_reason(), Some("stop"), "{g:?}");
+        let (city, num) = g.text.split_once(' ').expect("two parts");
+        assert!(
+            ["Paris", "Lyon"].contains(&city) && num.len() == 2,
+            "{:?}",
+            g.text
+        );
+        let lark = "start: \"answer: \" (\"yes\" | \"no\")";
+        let g = c
+            .generate(chat(
+                &format!("g{k}"),
+                json!({"max_tokens": 40, "response_format": {"type": "grammar", "grammar": lark}}),
+            ))
+            .await
+            .expect("grammar");
+        assert!(
+            ["answer: yes", "answer: no"].contains(&g.text.as_str()),
+            "{g:?}"
+        );
+        let g = c
+            .generate(chat(
+                &format!("o{k}"),
+                json!({"max_tokens": 200, "temperature": 0,
+                "response_format": {"type": "json_object"}}),
+            ))
+            .await
+            .expect("json_object");
+        if g.finish_reason() == Some("stop") {
+            assert!(
+                serde_json::from_str::<Value>(&g.text).is_ok_and(|v| v.is_object()),
+                "{g:?}"
+            );
+        } else {
+            assert!(g.text.starts_with('{'), "{g:?}");
+        }
+    }
+}
+
+/// A schema keyword llguidance cannot enforce, a bad regex and a bad grammar are
+/// refused before anything runs, naming the place; the daemon keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constraints_that_cannot_be_enforced_are_refused() {
+    let d = Daemon::start().expect("daemon");
+    let mut c = d.connect().await.expect("ws");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+        "dependentSchemas": {"a": {"required": ["b"]}}});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+    let g = c
+        .generate(chat("u", json!({"response_format": rf})))
+        .await
+        .expect("frames");
+    assert_eq!(g.error_type(), Some("validation"), "{g:?}");
+    let message = g.error.as_ref().expect("error")["error"]["message"]
+        .as_str()
+        .expect("message")
+        .to_string();
+    assert!(
+        message.starts_with("response_format.json_schema.schema: ")
+            && message.contains("dependentSchemas"),
+        "{message}"
+    );
+    let r = post(
+        &d,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "response_format": rf}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["message"], json!(message));
+    for (rf, start) in [
+        (json!({"type": "regex", "regex": "("}), "response_format.regex: "),
+        (json!({"type": "grammar", "grammar": "start: nothing_defined"}), "response_format.grammar: "),
+        (json!({"type": "xml"}), "response_format.type must be one of text, json_object, json_schema, regex, grammar (got \"xml\")"),
+        (json!({"type": "json_schema"}), "response_format.json_schema must be an object with a \"schema\""),
+    ] {
+        let g = c
+            .generate(chat("b", json!({"response_format": rf})))
+            .await
+            .expect("frames");
+        assert_eq!(g.error_type(), Some("validation"), "{g:?}");
+        let m = g.error.as_ref().expect("error")["error"]["message"].as_str().unwrap_or("").to_string();
+        assert!(m.starts_with(start), "{m}");
+    }
+    let ok = c.generate(chat("ok", json!({}))).await.expect("ok");
+    assert_eq!(ok.finish_reason(), Some("length"));
 }

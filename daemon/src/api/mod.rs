@@ -56,8 +56,9 @@ impl SamplingDefaults {
 /// A validated client frame.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientMessage {
-    /// `generate`: start a new request (defaults applied, seed chosen).
-    Generate(GenerateRequest),
+    /// `generate`: start a new request (defaults applied, seed chosen; boxed: it is
+    /// far larger than the other messages).
+    Generate(Box<GenerateRequest>),
     /// `cancel`: stop the active request with this id.
     Cancel {
         /// The id of the request to cancel.

@@ -10,7 +10,8 @@ use serde_json::{Map, Number, Value};
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
 use crate::request::{
-    CacheOptions, ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams,
+    CacheOptions, ChatMessage, ConstraintSpec, GenerateRequest, PluginSpec, PromptInput,
+    SamplingParams,
 };
 
 /// Longest accepted `id`, in characters.
@@ -50,6 +51,7 @@ const GENERATE_FIELDS: &[&str] = &[
     "logit_bias",
     "logprobs",
     "top_logprobs",
+    "response_format",
 ];
 /// Bound of `presence_penalty` and `frequency_penalty` (OpenAI's): `[-2, 2]`.
 pub const MAX_ABS_PENALTY: f64 = 2.0;
@@ -146,7 +148,7 @@ pub fn parse_generate_object(
     vocab_size: usize,
 ) -> Result<GenerateRequest, InferError> {
     match parse_generate(obj, id, defaults, vocab_size)? {
-        ClientMessage::Generate(request) => Ok(request),
+        ClientMessage::Generate(request) => Ok(*request),
         _ => Err(InferError::internal("generate parsed into another message")),
     }
 }
@@ -281,13 +283,13 @@ fn parse_generate(
         Some(v) => parse_plugins(v)?,
     };
     let cache = parse_cache(obj)?;
-    Ok(ClientMessage::Generate(GenerateRequest {
+    Ok(ClientMessage::Generate(Box::new(GenerateRequest {
         client_id: id,
         input,
         sampling,
         plugins,
         cache,
-    }))
+    })))
 }
 
 /// `cache` (boolean, default true) and `cache_salt` (string of 1..=256 bytes).
@@ -688,7 +690,12 @@ fn parse_steering(
             )))
         }
     };
+    let constraint = match optional(obj, "response_format") {
+        None => None,
+        Some(v) => parse_response_format(v)?,
+    };
     Ok(SamplingParams {
+        constraint,
         presence_penalty,
         frequency_penalty,
         repetition_penalty,
@@ -698,6 +705,84 @@ fn parse_steering(
         logprobs,
         ..d
     })
+}
+
+/// `response_format`: OpenAI's `text`, `json_object` and `json_schema`
+/// (`{"name", "schema", "strict", "description"}`), plus inferd's `regex` and
+/// `grammar` (Lark). The grammar itself is compiled when the request is prepared.
+fn parse_response_format(v: &Value) -> VResult<Option<ConstraintSpec>> {
+    let Value::Object(obj) = v else {
+        return Err(InferError::validation(format!(
+            "response_format must be an object with a \"type\" (got {})",
+            quote(v)
+        )));
+    };
+    let kind = match obj.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        other => {
+            return Err(InferError::validation(format!(
+                "response_format.type must be one of text, json_object, json_schema, regex, \
+                 grammar (got {})",
+                other.map_or("nothing".into(), quote)
+            )))
+        }
+    };
+    let text_field = |field: &str| match obj.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        other => Err(InferError::validation(format!(
+            "response_format.{field} must be a non-empty string for type {kind} (got {})",
+            other.map_or("nothing".into(), quote)
+        ))),
+    };
+    let spec = match kind {
+        "text" => {
+            check_fields(obj, &["type"], "response_format")?;
+            None
+        }
+        "json_object" => {
+            check_fields(obj, &["type"], "response_format")?;
+            Some(ConstraintSpec::JsonObject)
+        }
+        "json_schema" => {
+            check_fields(obj, &["type", "json_schema"], "response_format")?;
+            let Some(Value::Object(js)) = obj.get("json_schema") else {
+                return Err(InferError::validation(
+                    "response_format.json_schema must be an object with a \"schema\" for type \
+                     json_schema",
+                ));
+            };
+            check_fields(
+                js,
+                &["name", "schema", "strict", "description"],
+                "response_format.json_schema",
+            )?;
+            match js.get("schema") {
+                Some(schema @ Value::Object(_)) => Some(ConstraintSpec::JsonSchema(schema.clone())),
+                other => {
+                    return Err(InferError::validation(format!(
+                        "response_format.json_schema.schema must be a JSON Schema object (got {})",
+                        other.map_or("nothing".into(), quote)
+                    )))
+                }
+            }
+        }
+        "regex" => {
+            check_fields(obj, &["type", "regex"], "response_format")?;
+            Some(ConstraintSpec::Regex(text_field("regex")?))
+        }
+        "grammar" => {
+            check_fields(obj, &["type", "grammar"], "response_format")?;
+            Some(ConstraintSpec::Grammar(text_field("grammar")?))
+        }
+        other => {
+            return Err(InferError::validation(format!(
+                "response_format.type must be one of text, json_object, json_schema, regex, \
+                 grammar (got {})",
+                quote_str(other)
+            )))
+        }
+    };
+    Ok(spec)
 }
 
 /// `logit_bias`: `{"token id": bias}` with ids below the vocabulary size (special

@@ -117,6 +117,24 @@ pub struct SamplingParams {
     /// Return log-probabilities of each sampled token and of the `n` most likely
     /// alternatives (`Some(0)`: the sampled token's only). `n ≤ 20`.
     pub logprobs: Option<usize>,
+    /// Structured output: the generated text must match this (`response_format`).
+    pub constraint: Option<ConstraintSpec>,
+}
+
+/// What a constrained request's output must match (`response_format`), compiled by
+/// llguidance when the request is prepared.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintSpec {
+    /// `{"type": "json_object"}`: any JSON object.
+    JsonObject,
+    /// `{"type": "json_schema", "json_schema": {"schema": …}}`: JSON valid against the
+    /// schema; a keyword llguidance cannot enforce refuses the request.
+    JsonSchema(serde_json::Value),
+    /// inferd extension `{"type": "regex", "regex": …}`: the whole output matches.
+    Regex(String),
+    /// inferd extension `{"type": "grammar", "grammar": …}`: a Lark grammar
+    /// (llguidance's dialect, start rule `start`).
+    Grammar(String),
 }
 
 impl Default for SamplingParams {
@@ -138,6 +156,7 @@ impl Default for SamplingParams {
             min_tokens: 0,
             logit_bias: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }

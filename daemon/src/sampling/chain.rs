@@ -1,6 +1,7 @@
 //! [`SamplerChain`]: one request's whole sampling stage, built once before the request
 //! is queued, stepped once per generated token.
 
+use super::constraint::Constraint;
 use super::context::StepContext;
 use super::logit_bias::LogitBias;
 use super::logprobs::{step_logprobs, TokenLogprobs};
@@ -22,12 +23,14 @@ pub struct Sampled {
 }
 
 /// The processors of one request in ../shared/DESIGN.md's order — penalties, logit
-/// bias, the `min_tokens` ban, Wasm logits processors — then the draw: a sampler
+/// bias, the `min_tokens` ban, Wasm logits processors, the structured-output
+/// constraint — then the draw: a sampler
 /// plugin with one uniform from the request's seeded RNG, or the native [`Sampler`]
 /// (top-k → top-p → min-p → temperature → draw).
 pub struct SamplerChain {
     native: Vec<Box<dyn LogitsProcessor>>,
     plugins: Option<PluginChain>,
+    constraint: Option<Constraint>,
     sampler: Sampler,
     /// `Some(n)`: log-probabilities with the `n` most likely alternatives.
     logprobs: Option<usize>,
@@ -43,6 +46,7 @@ impl std::fmt::Debug for SamplerChain {
                 &self.native.iter().map(|p| p.name()).collect::<Vec<_>>(),
             )
             .field("plugins", &self.plugins)
+            .field("constraint", &self.constraint)
             .field("sampler", &self.sampler)
             .field("logprobs", &self.logprobs)
             .finish_non_exhaustive()
@@ -67,6 +71,7 @@ impl SamplerChain {
         Self {
             native,
             plugins: None,
+            constraint: None,
             sampler: Sampler::new(params),
             logprobs: params.logprobs,
             raw: Vec::new(),
@@ -78,9 +83,14 @@ impl SamplerChain {
         self.plugins = plugins;
     }
 
+    /// Adds the request's compiled `response_format` constraint.
+    pub fn set_constraint(&mut self, constraint: Constraint) {
+        self.constraint = Some(constraint);
+    }
+
     /// Whether the chain has any processor or sampler plugin (a bare chain only draws).
     pub fn is_bare(&self) -> bool {
-        self.native.is_empty() && self.plugins.is_none()
+        self.native.is_empty() && self.plugins.is_none() && self.constraint.is_none()
     }
 
     /// Chooses the next token from `logits` `(vocab_size,)` raw f32 logits, which the
@@ -101,17 +111,18 @@ impl SamplerChain {
         for p in &mut self.native {
             p.apply(ctx, logits)?;
         }
+        if let Some(chain) = self.plugins.as_mut() {
+            chain.apply(ctx, logits)?;
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.apply(ctx, logits)?;
+        }
         let token = match self.plugins.as_mut() {
-            None => self.sampler.sample(logits)?,
-            Some(chain) => {
-                chain.apply(ctx, logits)?;
-                if chain.has_sampler() {
-                    let u = self.sampler.next_uniform();
-                    chain.sample(&view(ctx), logits, u)?
-                } else {
-                    self.sampler.sample(logits)?
-                }
+            Some(chain) if chain.has_sampler() => {
+                let u = self.sampler.next_uniform();
+                chain.sample(&view(ctx), logits, u)?
             }
+            _ => self.sampler.sample(logits)?,
         };
         let logprobs = self
             .logprobs
@@ -130,6 +141,9 @@ impl SamplerChain {
         if let Some(chain) = self.plugins.as_mut() {
             chain.accept(token)?;
         }
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(token)?;
+        }
         Ok(())
     }
 
@@ -140,6 +154,9 @@ impl SamplerChain {
         }
         if let Some(chain) = self.plugins.as_mut() {
             chain.rollback(n);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.rollback(n);
         }
     }
 }

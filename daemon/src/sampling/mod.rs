@@ -4,7 +4,8 @@
 //!   (`apply`, `accept`, `rollback`); [`context`]: the [`StepContext`] it sees.
 //! - [`chain`]: [`SamplerChain`], one per request, built before it is queued: native
 //!   processors ([`penalties`], [`logit_bias`]), then the Wasm plugins, then the draw;
-//!   a step returns [`Sampled`] (the token, with [`logprobs`] when asked).
+//!   a step returns [`Sampled`] (the token, with [`logprobs`] when asked);
+//!   [`constraint`]: structured output through llguidance.
 //! - [`processors`]: native truncation (top-k, top-p, min-p, temperature) and the
 //!   inverse-CDF draw, in llama.cpp's semantics; [`sampler`]: [`Sampler`], with its own
 //!   seeded RNG.
@@ -12,6 +13,7 @@
 //!   components.
 
 pub mod chain;
+pub mod constraint;
 pub mod context;
 pub mod logit_bias;
 pub mod logprobs;

@@ -6,7 +6,7 @@
 //! A request body is translated into a protocol-v1 `generate` object and validated by
 //! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
 //! so both edges accept and refuse the same values with the same messages. OpenAI
-//! fields inferd cannot honour yet (`n` > 1, `echo`, `response_format`, tools, ...)
+//! fields inferd cannot honour yet (`n` > 1, `echo`, tools, ...)
 //! are refused with a 400 naming the field rather than silently ignored.
 
 use std::collections::VecDeque;
@@ -59,6 +59,7 @@ const PASSED: &[&str] = &[
     "repeat_last_n",
     "min_tokens",
     "logit_bias",
+    "response_format",
 ];
 /// Most alternatives the completions endpoint's integer `logprobs` may ask for
 /// (OpenAI's bound).
@@ -77,7 +78,6 @@ const CHAT_ONLY: &[&str] = &[
     "messages",
     "max_completion_tokens",
     "top_logprobs",
-    "response_format",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -338,11 +338,6 @@ fn translate(
         ("best_of", |v| v.as_f64() == Some(1.0), "1"),
         ("echo", |v| v == &Value::Bool(false), "false"),
         ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
-        (
-            "response_format",
-            |v| v.get("type").and_then(Value::as_str) == Some("text"),
-            "{\"type\": \"text\"} (structured output is not supported)",
-        ),
         (
             "tools",
             |v| v.as_array().is_some_and(Vec::is_empty),
@@ -803,7 +798,7 @@ mod tests {
         };
         assert_eq!(chat(json!({"n": 2})).as_deref(), Some("400 Bad Request"));
         assert_eq!(
-            chat(json!({"response_format": {"type": "json_object"}})).as_deref(),
+            chat(json!({"tools": [{"type": "function"}]})).as_deref(),
             Some("400 Bad Request")
         );
         assert_eq!(

@@ -191,7 +191,7 @@ async fn handle_text(
                 let _ = out.send(Message::text(api::error_frame(None, &e))).await;
                 return;
             }
-            let (tracked, rx) = match state.start_request(engine, request) {
+            let (tracked, rx) = match state.start_request(engine, *request) {
                 Ok(started) => started,
                 Err(e) => {
                     let _ = out

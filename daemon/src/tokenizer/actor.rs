@@ -7,7 +7,9 @@ use std::time::Instant;
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 
 use crate::error::InferError;
+use crate::request::SamplingParams;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
+use crate::sampling::constraint::LazyCompiler;
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
 use crate::sampling::SamplerChain;
 use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
@@ -54,6 +56,7 @@ pub struct TokenizerActor {
     tokenizer: Arc<TextTokenizer>,
     scheduler: Addr<SchedulerActor>,
     plugin_setup: Addr<PluginSetupActor>,
+    grammars: Arc<LazyCompiler>,
 }
 
 impl TokenizerActor {
@@ -63,12 +66,26 @@ impl TokenizerActor {
         tokenizer: Arc<TextTokenizer>,
         scheduler: Addr<SchedulerActor>,
         plugin_setup: Addr<PluginSetupActor>,
+        grammars: Arc<LazyCompiler>,
     ) -> Self {
         Self {
             tokenizer,
             scheduler,
             plugin_setup,
+            grammars,
         }
+    }
+
+    /// The request's sampling chain, its `response_format` compiled (off the engine
+    /// loop: this runs on the tokenizer pool).
+    fn chain(&self, params: &SamplingParams) -> Result<SamplerChain, InferError> {
+        let eog = self.tokenizer.eog_token_ids();
+        let mut chain = SamplerChain::new(params, eog);
+        if let Some(spec) = &params.constraint {
+            let compiler = self.grammars.get(|| grammar_vocabulary(&self.tokenizer))?;
+            chain.set_constraint(compiler.compile(spec, eog)?);
+        }
+        Ok(chain)
     }
 
     /// Prompt ids for `input`: the chat template for messages, raw text otherwise
@@ -94,13 +111,16 @@ impl Handler<Prepare> for TokenizerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        match self.prompt_ids(&msg.request.input) {
-            Ok(prompt) => {
+        let prepared = self
+            .prompt_ids(&msg.request.input)
+            .and_then(|p| Ok((p, self.chain(&msg.request.sampling)?)));
+        match prepared {
+            Ok((prompt, chain)) => {
                 let req = TokenizedRequest {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
                     prompt,
-                    chain: SamplerChain::new(&msg.request.sampling, self.tokenizer.eog_token_ids()),
+                    chain,
                     sampling: msg.request.sampling,
                     events: msg.events,
                     cancel: msg.cancel,
@@ -143,4 +163,26 @@ impl Handler<Decode> for TokenizerActor {
     fn handle(&mut self, msg: Decode, _ctx: &mut SyncContext<Self>) -> String {
         self.tokenizer.decode(&msg.token_ids)
     }
+}
+
+/// llguidance's view of the vocabulary: each token's bytes as generated; control tokens
+/// as `0xFF` + their text (so no grammar text matches them); the end-of-turn token
+/// (EOS, else the first end-of-generation id) ends a finished grammar.
+pub fn grammar_vocabulary(tok: &TextTokenizer) -> (Vec<Vec<u8>>, u32) {
+    let words = (0..tok.vocab_size() as u32)
+        .map(|id| {
+            if tok.is_control(id) {
+                let mut w = vec![0xFF];
+                w.extend_from_slice(tok.token_piece(id));
+                w
+            } else {
+                tok.token_bytes(id).to_vec()
+            }
+        })
+        .collect();
+    let eos = tok
+        .eos_token_id()
+        .or_else(|| tok.eog_token_ids().first().copied())
+        .unwrap_or(0);
+    (words, eos)
 }

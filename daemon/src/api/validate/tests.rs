@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::ErrorKind;
+use crate::request::ConstraintSpec;
 
 const VOCAB: usize = 32_000;
 
@@ -399,7 +400,7 @@ fn full_generate_example() {
     }));
     assert_eq!(
         msg,
-        ClientMessage::Generate(GenerateRequest {
+        ClientMessage::Generate(Box::new(GenerateRequest {
             client_id: "r1".into(),
             input: PromptInput::Messages(vec![ChatMessage {
                 role: "user".into(),
@@ -417,7 +418,7 @@ fn full_generate_example() {
             },
             plugins: vec![],
             cache: crate::request::CacheOptions::default(),
-        })
+        }))
     );
 }
 
@@ -1174,5 +1175,57 @@ fn logprobs_and_top_logprobs() {
     invalid(
         generate(json!({"logprobs": 3})),
         "logprobs must be a boolean (got 3)",
+    );
+}
+
+#[test]
+fn response_format_rules() {
+    assert_eq!(sampling(generate(json!({}))).constraint, None);
+    assert_eq!(
+        sampling(generate(json!({"response_format": {"type": "text"}}))).constraint,
+        None
+    );
+    assert_eq!(
+        sampling(generate(
+            json!({"response_format": {"type": "json_object"}})
+        ))
+        .constraint,
+        Some(ConstraintSpec::JsonObject)
+    );
+    let schema = json!({"type": "object"});
+    assert_eq!(
+        sampling(generate(json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "n", "strict": true, "schema": schema}}})))
+        .constraint,
+        Some(ConstraintSpec::JsonSchema(json!({"type": "object"})))
+    );
+    assert_eq!(
+        sampling(generate(
+            json!({"response_format": {"type": "regex", "regex": "a+"}})
+        ))
+        .constraint,
+        Some(ConstraintSpec::Regex("a+".into()))
+    );
+    invalid(
+        generate(json!({"response_format": {"type": "xml"}})),
+        "response_format.type must be one of text, json_object, json_schema, regex, grammar (got \"xml\")",
+    );
+    invalid(
+        generate(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}})),
+        "response_format.json_schema.schema must be a JSON Schema object (got 5)",
+    );
+    invalid(
+        generate(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "extra": 1}}}),
+        ),
+        "unknown field \"extra\" in response_format.json_schema",
+    );
+    invalid(
+        generate(json!({"response_format": {"type": "grammar"}})),
+        "response_format.grammar must be a non-empty string for type grammar (got nothing)",
+    );
+    invalid(
+        generate(json!({"response_format": "json"})),
+        "response_format must be an object with a \"type\" (got \"json\")",
     );
 }

@@ -1,0 +1,322 @@
+//! Structured output: a [`Constraint`] masks every token that cannot continue the
+//! request's grammar (JSON schema, regex or Lark), through the `llguidance` crate.
+//!
+//! [`GrammarCompiler`] holds llguidance's token trie over this model's vocabulary,
+//! built once (lazily, on the first constrained request) from our own token bytes —
+//! not from `toktrie_hf_tokenizers`, which pins another `tokenizers` version.
+//! Compiling a grammar happens when the request is prepared, on the tokenizer pool,
+//! never on the engine loop.
+
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+
+use super::context::StepContext;
+use super::processor::LogitsProcessor;
+use crate::error::InferError;
+use crate::request::ConstraintSpec;
+
+/// JSON layout the schema grammars allow: `", "` between items, `": "` after keys, no
+/// other whitespace — so the model cannot spend its budget on whitespace and
+/// generation ends (llguidance's `x-guidance` options).
+fn json_layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// One vocabulary's llguidance parser factory.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+    /// The token llguidance treats as end of sequence (the chat's end of turn).
+    eos: u32,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler")
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrammarCompiler {
+    /// A compiler over `words[id]`: each token's bytes as generated, special tokens
+    /// as `0xFF` followed by their text (toktrie's `SPECIAL_TOKEN_MARKER`, so grammar
+    /// text never matches them). `eos` ends a finished grammar.
+    ///
+    /// # Errors
+    /// `internal` when llguidance rejects the vocabulary.
+    pub fn new(words: &[Vec<u8>], eos: u32) -> Result<Self, InferError> {
+        let info = TokRxInfo::new(words.len() as u32, eos);
+        let trie = TokTrie::from(&info, words);
+        let env: TokEnv = std::sync::Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| InferError::internal(format!("llguidance token environment: {e}")))?;
+        factory.quiet();
+        Ok(Self { factory, eos })
+    }
+
+    /// Compiles `spec` into a fresh constraint; `eog` are every end-of-generation id
+    /// (all allowed once the grammar accepts).
+    ///
+    /// # Errors
+    /// `validation` naming `response_format` and llguidance's reason: a schema keyword
+    /// it does not enforce, an invalid regex or grammar.
+    pub fn compile(&self, spec: &ConstraintSpec, eog: &[u32]) -> Result<Constraint, InferError> {
+        let (grammar, field) = match spec {
+            ConstraintSpec::JsonObject => {
+                let mut schema = json!({"type": "object"});
+                schema["x-guidance"] = json_layout();
+                (TopLevelGrammar::from_json_schema(schema), "response_format")
+            }
+            ConstraintSpec::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                if let Some(obj) = schema.as_object_mut() {
+                    obj.entry("x-guidance").or_insert_with(json_layout);
+                }
+                (
+                    TopLevelGrammar::from_json_schema(schema),
+                    "response_format.json_schema.schema",
+                )
+            }
+            ConstraintSpec::Regex(rx) => (TopLevelGrammar::from_regex(rx), "response_format.regex"),
+            ConstraintSpec::Grammar(lark) => (
+                TopLevelGrammar::from_lark(lark.clone()),
+                "response_format.grammar",
+            ),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| InferError::validation(format!("{field}: {e}")))?;
+        Ok(Constraint {
+            matcher: Matcher::new(Ok(parser)),
+            eos: self.eos,
+            eog: eog.to_vec(),
+            saved: Vec::new(),
+            ended_after_stop: false,
+            mask_time: Duration::ZERO,
+            steps: 0,
+        })
+    }
+}
+
+/// A [`GrammarCompiler`] built on first use and shared by the tokenizer pool (building
+/// the token trie of a 262k vocabulary takes a moment; unconstrained daemons never pay).
+#[derive(Debug, Default)]
+pub struct LazyCompiler {
+    cell: std::sync::OnceLock<Result<std::sync::Arc<GrammarCompiler>, InferError>>,
+}
+
+impl LazyCompiler {
+    /// The compiler, built by `words()` (see [`GrammarCompiler::new`]) on the first
+    /// call.
+    ///
+    /// # Errors
+    /// The build's error, every time.
+    pub fn get(
+        &self,
+        words: impl FnOnce() -> (Vec<Vec<u8>>, u32),
+    ) -> Result<std::sync::Arc<GrammarCompiler>, InferError> {
+        self.cell
+            .get_or_init(|| {
+                let (w, eos) = words();
+                GrammarCompiler::new(&w, eos).map(std::sync::Arc::new)
+            })
+            .clone()
+    }
+}
+
+/// A compiled grammar following one sequence: `apply` sets the logit of every token
+/// the grammar cannot take next to `−∞`; once the grammar is complete only the
+/// end-of-generation tokens remain.
+pub struct Constraint {
+    matcher: Matcher,
+    eos: u32,
+    eog: Vec<u32>,
+    /// Reused: the end-of-generation logits, kept across the mask.
+    saved: Vec<f32>,
+    /// An end-of-generation token was accepted after the grammar stopped.
+    ended_after_stop: bool,
+    mask_time: Duration,
+    steps: u64,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("eos", &self.eos)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// Mean time of one mask computation so far (for the per-step cost).
+    pub fn mean_mask_time(&self) -> Duration {
+        self.mask_time
+            .checked_div(self.steps.max(1) as u32)
+            .unwrap_or_default()
+    }
+
+    fn error(&self, what: &str, e: impl std::fmt::Display) -> InferError {
+        InferError::internal(format!("constraint: {what}: {e}"))
+    }
+}
+
+impl LogitsProcessor for Constraint {
+    fn name(&self) -> &str {
+        "response_format"
+    }
+
+    fn apply(&mut self, _ctx: &StepContext<'_>, logits: &mut [f32]) -> Result<(), InferError> {
+        let start = Instant::now();
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| self.error("mask", e))?;
+        self.saved.clear();
+        self.saved.extend(
+            self.eog
+                .iter()
+                .map(|&t| logits.get(t as usize).copied().unwrap_or(0.0)),
+        );
+        let words = mask.as_slice();
+        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+            let w = words.get(i).copied().unwrap_or(0);
+            if w == u32::MAX && chunk.len() == 32 {
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if (w >> b) & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if mask.is_allowed(self.eos) {
+            for (&t, &l) in self.eog.iter().zip(&self.saved) {
+                if let Some(x) = logits.get_mut(t as usize) {
+                    *x = l;
+                }
+            }
+        }
+        self.mask_time += start.elapsed();
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), InferError> {
+        if self.eog.contains(&token) && self.matcher.is_stopped() {
+            // The grammar is complete and has no EOS of its own to take: the end of
+            // generation is recorded here (for rollback) and not fed to it.
+            self.ended_after_stop = true;
+            return Ok(());
+        }
+        // Every end-of-generation token ends the grammar as its EOS does.
+        let token = if self.eog.contains(&token) {
+            self.eos
+        } else {
+            token
+        };
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| self.error(&format!("token {token}"), e))
+    }
+
+    fn rollback(&mut self, n: usize) {
+        let mut n = n;
+        if n > 0 && std::mem::take(&mut self.ended_after_stop) {
+            n -= 1;
+        }
+        if n > 0 {
+            if let Err(e) = self.matcher.rollback(n) {
+                tracing::warn!(error = %e, n, "constraint rollback failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level toy vocabulary: ids 0–255 one byte each, 256 `{"a": `-like
+    /// multi-byte tokens, 259 the end-of-turn special token.
+    fn compiler() -> (GrammarCompiler, u32) {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"{\"".to_vec());
+        words.push(b"\": ".to_vec());
+        words.push(b"true".to_vec());
+        words.push(b"\xFF<|end|>".to_vec());
+        let eos = 259;
+        (GrammarCompiler::new(&words, eos).expect("vocabulary"), eos)
+    }
+
+    fn ctx() -> StepContext<'static> {
+        StepContext {
+            sequence_id: 1,
+            prompt: &[],
+            generated: &[],
+        }
+    }
+
+    fn allowed(c: &mut Constraint) -> Vec<u32> {
+        let mut logits = vec![0.0f32; 260];
+        c.apply(&ctx(), &mut logits).expect("apply");
+        (0..260u32).filter(|&i| logits[i as usize] == 0.0).collect()
+    }
+
+    #[test]
+    fn regex_allows_only_its_continuations_then_end_of_turn() {
+        let (comp, eos) = compiler();
+        let mut c = comp
+            .compile(&ConstraintSpec::Regex("ab|ac".into()), &[eos])
+            .expect("compile");
+        assert_eq!(allowed(&mut c), vec![u32::from(b'a')]);
+        c.accept(u32::from(b'a')).expect("a");
+        assert_eq!(allowed(&mut c), vec![u32::from(b'b'), u32::from(b'c')]);
+        c.accept(u32::from(b'c')).expect("c");
+        assert_eq!(allowed(&mut c), vec![eos]);
+        c.accept(eos).expect("end of turn");
+        c.rollback(2);
+        assert_eq!(allowed(&mut c), vec![u32::from(b'b'), u32::from(b'c')]);
+    }
+
+    #[test]
+    fn schema_keywords_it_cannot_enforce_are_refused() {
+        let (comp, eos) = compiler();
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}},
+                            "dependentSchemas": {"a": {"required": ["b"]}}});
+        let e = comp
+            .compile(&ConstraintSpec::JsonSchema(schema), &[eos])
+            .expect_err("unsupported keyword");
+        assert!(
+            e.message
+                .starts_with("response_format.json_schema.schema: ")
+                && e.message.contains("dependentSchemas"),
+            "{}",
+            e.message
+        );
+        assert!(comp
+            .compile(&ConstraintSpec::Regex("(".into()), &[eos])
+            .is_err());
+    }
+
+    #[test]
+    fn json_schema_starts_with_an_object() {
+        let (comp, eos) = compiler();
+        let schema = json!({"type": "object", "properties": {"a": {"type": "boolean"}},
+                            "required": ["a"], "additionalProperties": false});
+        let mut c = comp
+            .compile(&ConstraintSpec::JsonSchema(schema), &[eos])
+            .expect("compile");
+        let first = allowed(&mut c);
+        assert!(
+            first.contains(&u32::from(b'{')) && first.contains(&256),
+            "{first:?}"
+        );
+        assert!(!first.contains(&eos) && !first.contains(&u32::from(b' ')));
+    }
+}
