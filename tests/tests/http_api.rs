@@ -337,10 +337,10 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
         ),
         (chat(json!({"n": 3})), 400, "validation", "n must be 1"),
         (
-            chat(json!({"presence_penalty": 1.5})),
+            chat(json!({"presence_penalty": 2.5})),
             400,
             "validation",
-            "presence_penalty",
+            "presence_penalty must be in [-2, 2] (got 2.5)",
         ),
         (
             chat(json!({"messages": "hi"})),

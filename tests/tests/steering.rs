@@ -559,6 +559,17 @@ async fn json_schema_regex_and_grammar_output_matches_and_ends() {
             "{:?}",
             g.text
         );
+        // A complete grammar ends the turn even before min_tokens.
+        let g = c
+            .generate(chat(
+                &format!("m{k}"),
+                json!({"max_tokens": 20, "min_tokens": 5,
+                       "response_format": {"type": "regex", "regex": "(yes|no)"}}),
+            ))
+            .await
+            .expect("regex with min_tokens");
+        assert_eq!(g.finish_reason(), Some("stop"), "{g:?}");
+        assert!(["yes", "no"].contains(&g.text.as_str()), "{g:?}");
         let lark = "start: \"answer: \" (\"yes\" | \"no\")";
         let g = c
             .generate(chat(
@@ -621,6 +632,10 @@ async fn constraints_that_cannot_be_enforced_are_refused() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["message"], json!(message));
     for (rf, start) in [
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "string", "maxLenght": 3}}}),
+            "response_format.json_schema.schema: keyword \"maxLenght\" at # is not one inferd enforces",
+        ),
         (json!({"type": "regex", "regex": "("}), "response_format.regex: "),
         (json!({"type": "grammar", "grammar": "start: nothing_defined"}), "response_format.grammar: "),
         (json!({"type": "xml"}), "response_format.type must be one of text, json_object, json_schema, regex, grammar (got \"xml\")"),

@@ -26,6 +26,97 @@ fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// The JSON Schema keywords llguidance enforces (`IMPLEMENTED` in its
+/// `src/json/schema.rs`, 1.9.1).
+const ENFORCED: &[&str] = &[
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "const",
+    "enum",
+    "type",
+    "items",
+    "additionalItems",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "properties",
+    "additionalProperties",
+    "patternProperties",
+    "required",
+    "minProperties",
+    "maxProperties",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+];
+
+/// Keywords that only annotate (llguidance's `META_AND_ANNOTATIONS`), and its own
+/// `x-guidance` options.
+const ANNOTATIONS: &[&str] = &[
+    "$anchor",
+    "$defs",
+    "definitions",
+    "$schema",
+    "$id",
+    "id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "readOnly",
+    "writeOnly",
+    "examples",
+    "contentMediaType",
+    "contentEncoding",
+    "x-guidance",
+];
+
+/// Refuses any key of `schema` (and of its subschemas) that llguidance would neither
+/// enforce nor treat as an annotation: llguidance itself refuses JSON Schema keywords
+/// it does not implement, but ignores words outside the vocabulary (as the JSON
+/// Schema spec allows), so a misspelt `maxLenght` would be dropped silently.
+fn check_keywords(schema: &Value, at: &str) -> Result<(), String> {
+    let Value::Object(map) = schema else {
+        return Ok(()); // `true` / `false` schemas, or a type error llguidance reports
+    };
+    for (key, v) in map {
+        if !ENFORCED.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
+            return Err(format!(
+                "keyword {key:?} at {at} is not one inferd enforces (enforced: {})",
+                ENFORCED.join(", ")
+            ));
+        }
+        let here = format!("{at}/{key}");
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" => {
+                if let Value::Object(subs) = v {
+                    for (name, sub) in subs {
+                        check_keywords(sub, &format!("{here}/{name}"))?;
+                    }
+                }
+            }
+            "items" | "additionalItems" | "additionalProperties" => check_keywords(v, &here)?,
+            "prefixItems" | "anyOf" | "oneOf" | "allOf" => {
+                if let Value::Array(subs) = v {
+                    for (i, sub) in subs.iter().enumerate() {
+                        check_keywords(sub, &format!("{here}/{i}"))?;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// One vocabulary's llguidance parser factory.
 pub struct GrammarCompiler {
     factory: ParserFactory,
@@ -72,6 +163,9 @@ impl GrammarCompiler {
                 (TopLevelGrammar::from_json_schema(schema), "response_format")
             }
             ConstraintSpec::JsonSchema(schema) => {
+                check_keywords(schema, "#").map_err(|e| {
+                    InferError::validation(format!("response_format.json_schema.schema: {e}"))
+                })?;
                 let mut schema = schema.clone();
                 if let Some(obj) = schema.as_object_mut() {
                     obj.entry("x-guidance").or_insert_with(json_layout);
@@ -196,9 +290,13 @@ impl LogitsProcessor for Constraint {
             }
         }
         if mask.is_allowed(self.eos) {
+            // A complete grammar allows nothing else: the turn ends even where an
+            // earlier processor banned its end (`min_tokens`), else no token is left.
+            let complete = self.matcher.is_stopped();
+            let banned = self.saved.iter().all(|&l| l == f32::NEG_INFINITY);
             for (&t, &l) in self.eog.iter().zip(&self.saved) {
                 if let Some(x) = logits.get_mut(t as usize) {
-                    *x = l;
+                    *x = if complete && banned { 0.0 } else { l };
                 }
             }
         }
@@ -284,6 +382,21 @@ mod tests {
         assert_eq!(allowed(&mut c), vec![u32::from(b'b'), u32::from(b'c')]);
     }
 
+    /// `min_tokens` bans the end of turn; a complete grammar still ends it.
+    #[test]
+    fn a_complete_grammar_ends_the_turn_despite_a_ban() {
+        let (comp, eos) = compiler();
+        let mut c = comp
+            .compile(&ConstraintSpec::Regex("a".into()), &[eos])
+            .expect("compile");
+        c.accept(u32::from(b'a')).expect("a");
+        let mut logits = vec![0.0f32; 260];
+        logits[eos as usize] = f32::NEG_INFINITY;
+        c.apply(&ctx(), &mut logits).expect("apply");
+        let finite: Vec<usize> = (0..260).filter(|&i| logits[i].is_finite()).collect();
+        assert_eq!(finite, vec![eos as usize]);
+    }
+
     #[test]
     fn schema_keywords_it_cannot_enforce_are_refused() {
         let (comp, eos) = compiler();
@@ -302,6 +415,23 @@ mod tests {
         assert!(comp
             .compile(&ConstraintSpec::Regex("(".into()), &[eos])
             .is_err());
+        let typo =
+            json!({"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}});
+        let e = comp
+            .compile(&ConstraintSpec::JsonSchema(typo), &[eos])
+            .expect_err("misspelt keyword");
+        assert!(
+            e.message.starts_with(
+                "response_format.json_schema.schema: keyword \"maxLenght\" at #/properties/a is not one inferd enforces"
+            ),
+            "{}",
+            e.message
+        );
+        let ok = json!({"type": "object", "title": "t", "$defs": {"d": {"type": "integer"}},
+                        "properties": {"a": {"$ref": "#/$defs/d", "description": "x"}}});
+        assert!(comp
+            .compile(&ConstraintSpec::JsonSchema(ok), &[eos])
+            .is_ok());
     }
 
     #[test]

@@ -146,23 +146,45 @@ fn chat_logprobs(entries: &[TokenLogprobs]) -> Value {
     json!({ "content": content, "refusal": null })
 }
 
-/// The completions shape; `offset` is the characters of text before these tokens,
-/// advanced past them.
-fn completion_logprobs(entries: &[TokenLogprobs], offset: &mut usize) -> Value {
+/// A token in the completions shape: its text, or, when its bytes are not whole UTF-8
+/// characters, `bytes:` and each byte as `\xNN` (OpenAI's legacy convention), so
+/// that distinct partial-character tokens stay distinct keys of `top_logprobs`.
+fn completion_token(t: &TopLogprob) -> String {
+    match std::str::from_utf8(&t.bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            let hex: String = t.bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+            format!("bytes:{hex}")
+        }
+    }
+}
+
+/// Characters of the whole UTF-8 characters at the start of `bytes` (an unfinished
+/// character at the end is not counted yet).
+fn whole_chars(bytes: &[u8]) -> usize {
+    let valid = match std::str::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+    };
+    valid.chars().count()
+}
+
+/// The completions shape; `emitted` holds the bytes of the tokens before these (for
+/// `text_offset`, in characters of the text) and is extended by them.
+fn completion_logprobs(entries: &[TokenLogprobs], emitted: &mut Vec<u8>) -> Value {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut top_logprobs = Vec::new();
     let mut text_offset = Vec::new();
     for e in entries {
-        let text = token_string(&e.chosen);
-        text_offset.push(*offset);
-        *offset += text.chars().count();
-        tokens.push(text);
+        text_offset.push(whole_chars(emitted));
+        emitted.extend_from_slice(&e.chosen.bytes);
+        tokens.push(completion_token(&e.chosen));
         token_logprobs.push(logprob_number(e.chosen.logprob));
         let top: Map<String, Value> = e
             .top
             .iter()
-            .map(|t| (token_string(t), json!(logprob_number(t.logprob))))
+            .map(|t| (completion_token(t), json!(logprob_number(t.logprob))))
             .collect();
         top_logprobs.push(Value::Object(top));
     }
@@ -512,11 +534,11 @@ impl Reply {
     }
 
     /// The `logprobs` of a choice: `null` unless the request asked for them.
-    fn logprobs(&self, asked: bool, entries: &[TokenLogprobs], offset: &mut usize) -> Value {
+    fn logprobs(&self, asked: bool, entries: &[TokenLogprobs], emitted: &mut Vec<u8>) -> Value {
         match (asked, self.endpoint) {
             (false, _) => Value::Null,
             (true, Endpoint::Chat) => chat_logprobs(entries),
-            (true, Endpoint::Completion) => completion_logprobs(entries, offset),
+            (true, Endpoint::Completion) => completion_logprobs(entries, emitted),
         }
     }
 
@@ -549,8 +571,8 @@ struct Sse {
     include_usage: bool,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// Characters of text streamed so far (the completions `text_offset`).
-    offset: usize,
+    /// Bytes of the tokens streamed so far (for the completions `text_offset`).
+    emitted: Vec<u8>,
     queue: VecDeque<Bytes>,
     finished: bool,
 }
@@ -576,7 +598,7 @@ impl Sse {
             }
             StreamEvent::Delta { text, logprobs, .. } => {
                 if !text.is_empty() || (self.logprobs && !logprobs.is_empty()) {
-                    let lp = r.logprobs(self.logprobs, &logprobs, &mut self.offset);
+                    let lp = r.logprobs(self.logprobs, &logprobs, &mut self.emitted);
                     let c = r.chunk(json!({ "content": text }), &text, lp, Value::Null);
                     self.queue.push_back(sse_line(&c));
                 }
@@ -645,7 +667,7 @@ fn sse(
         first,
         include_usage: options.include_usage,
         logprobs: options.logprobs,
-        offset: 0,
+        emitted: Vec::new(),
         queue: VecDeque::new(),
         finished: false,
     };
@@ -696,7 +718,7 @@ async fn collect(
                 usage,
                 ..
             } => {
-                let lp = reply.logprobs(logprobs, &entries, &mut 0);
+                let lp = reply.logprobs(logprobs, &entries, &mut Vec::new());
                 let choice = match reply.endpoint {
                     Endpoint::Chat => json!({
                         "index": 0,
@@ -747,6 +769,33 @@ mod tests {
         assert_eq!(g["id"], json!("x"));
         assert!(g.get("model").is_none() && g.get("user").is_none());
         assert!(o.stream && o.include_usage);
+    }
+
+    /// Partial-character tokens keep distinct keys, and offsets count characters.
+    #[test]
+    fn completion_logprobs_of_partial_characters() {
+        let tok = |token, bytes: &[u8]| TopLogprob {
+            token,
+            logprob: -1.0,
+            bytes: bytes.to_vec(),
+        };
+        // "aé" then "b": é (c3 a9) split over two tokens.
+        let entries: Vec<TokenLogprobs> = [
+            (1, &b"a"[..]),
+            (2, &[0xc3][..]),
+            (3, &[0xa9][..]),
+            (4, &b"b"[..]),
+        ]
+        .iter()
+        .map(|&(t, b)| TokenLogprobs {
+            chosen: tok(t, b),
+            top: vec![tok(t, b), tok(9, &[0xe3, 0x82])],
+        })
+        .collect();
+        let v = completion_logprobs(&entries, &mut Vec::new());
+        assert_eq!(v["text_offset"], json!([0, 1, 1, 2]));
+        assert_eq!(v["tokens"], json!(["a", "bytes:\\xc3", "bytes:\\xa9", "b"]));
+        assert_eq!(v["top_logprobs"][1].as_object().map(Map::len), Some(2));
     }
 
     /// Penalties, bias and log-probabilities pass through to the validator; the
