@@ -33,19 +33,7 @@ pub struct TokenLogprobs {
 /// and summed in f64: a 262,144-token row costs tens of µs instead of the
 /// milliseconds of a scalar f64 `exp` per token. Returns `None` when no logit is finite.
 fn log_normalizer(logits: &[f32]) -> Option<f64> {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &l) in lanes.iter_mut().zip(c) {
-            *m = m.max(l); // `f32::max` skips NaN
-        }
-    }
-    let max = tail
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let max = super::sampler::row_max(logits);
     if !max.is_finite() {
         return None;
     }

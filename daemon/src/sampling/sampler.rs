@@ -15,21 +15,10 @@ use crate::request::SamplingParams;
 /// no usable distribution).
 pub fn argmax(logits: &[f32]) -> Result<u32, InferError> {
     // Two branch-free passes that the compiler vectorizes (a 262k vocabulary at 16
-    // streams made the one-pass scalar loop 5 % of a step): the maximum (`f32::max`
-    // skips NaN), then the first logit equal to it.
+    // streams made the one-pass scalar loop 5 % of a step): the maximum, then the
+    // first logit equal to it.
     const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = logits.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &l) in lanes.iter_mut().zip(c) {
-            *m = m.max(l);
-        }
-    }
-    let max = tail
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let max = row_max(logits);
     if max == f32::NEG_INFINITY || max.is_nan() {
         return Err(no_distribution(logits.len()));
     }
@@ -44,6 +33,23 @@ pub fn argmax(logits: &[f32]) -> Result<u32, InferError> {
         start += c.len();
     }
     Err(no_distribution(logits.len()))
+}
+
+/// The largest logit of a row, NaN skipped (`f32::max`); −∞ for an empty or all-NaN
+/// row. Sixteen lanes, so the loop vectorizes.
+pub fn row_max(logits: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = m.max(l);
+        }
+    }
+    tail.iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l))
 }
 
 fn no_distribution(vocab: usize) -> InferError {
