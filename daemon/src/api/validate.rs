@@ -10,8 +10,7 @@ use serde_json::{Map, Number, Value};
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
 use crate::request::{
-    CacheOptions, ChatMessage, ConstraintSpec, GenerateRequest, PluginSpec, PromptInput,
-    SamplingParams,
+    CacheOptions, ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams,
 };
 
 /// Longest accepted `id`, in characters.
@@ -603,227 +602,6 @@ fn parse_sampling(
     })
 }
 
-/// A number in `[lo, hi]` (`lo_open`: `(lo, hi]`), or `default` when absent.
-fn bounded(
-    obj: &Map<String, Value>,
-    field: &str,
-    (lo, lo_open, hi): (f64, bool, f64),
-    default: f32,
-) -> VResult<f32> {
-    let Some(v) = optional(obj, field) else {
-        return Ok(default);
-    };
-    let (x, text) = number(field, v)?;
-    let above_lo = if lo_open { x > lo } else { x >= lo };
-    if !(above_lo && x <= hi) {
-        let open = if lo_open { "(" } else { "[" };
-        return Err(InferError::validation(format!(
-            "{field} must be in {open}{lo}, {hi}] (got {text})"
-        )));
-    }
-    Ok(x as f32)
-}
-
-/// Penalties, `min_tokens`, `logit_bias` and `logprobs` / `top_logprobs` (the
-/// rest of [`SamplingParams`] is filled by the caller).
-fn parse_steering(
-    obj: &Map<String, Value>,
-    max_tokens: usize,
-    vocab_size: usize,
-) -> VResult<SamplingParams> {
-    let d = SamplingParams::default();
-    let penalty = (-MAX_ABS_PENALTY, false, MAX_ABS_PENALTY);
-    let presence_penalty = bounded(obj, "presence_penalty", penalty, 0.0)?;
-    let frequency_penalty = bounded(obj, "frequency_penalty", penalty, 0.0)?;
-    let repetition_penalty = bounded(
-        obj,
-        "repetition_penalty",
-        (0.0, true, MAX_REPETITION_PENALTY),
-        1.0,
-    )?;
-    let repeat_last_n = match optional(obj, "repeat_last_n") {
-        None => d.repeat_last_n,
-        Some(v) => match integer("repeat_last_n", v)? {
-            Int::Negative if v.as_i64() == Some(-1) => None,
-            Int::Unsigned(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-            Int::Negative | Int::TooLarge => {
-                return Err(InferError::validation(format!(
-                    "repeat_last_n must be -1 (the whole sequence), 0 (off) or a window \
-                     length (got {})",
-                    quote(v)
-                )))
-            }
-        },
-    };
-    let min_tokens = match optional(obj, "min_tokens") {
-        None => 0,
-        Some(v) => {
-            let n = unsigned("min_tokens", v, 0, max_tokens as u64, "max_tokens = ")?;
-            usize::try_from(n).unwrap_or(max_tokens)
-        }
-    };
-    let logit_bias = match optional(obj, "logit_bias") {
-        None => Vec::new(),
-        Some(v) => parse_logit_bias(v, vocab_size)?,
-    };
-    let logprobs = match optional(obj, "logprobs") {
-        None | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(v) => {
-            return Err(InferError::validation(format!(
-                "logprobs must be a boolean (got {})",
-                quote(v)
-            )))
-        }
-    };
-    let logprobs = match (optional(obj, "top_logprobs"), logprobs) {
-        (None, false) => None,
-        (None, true) => Some(0),
-        (Some(v), true) => {
-            let n = unsigned("top_logprobs", v, 0, MAX_TOP_LOGPROBS, "")?;
-            Some(usize::try_from(n).unwrap_or(0))
-        }
-        (Some(v), false) => {
-            return Err(InferError::validation(format!(
-                "top_logprobs needs logprobs: true (got top_logprobs {} without it)",
-                quote(v)
-            )))
-        }
-    };
-    let constraint = match optional(obj, "response_format") {
-        None => None,
-        Some(v) => parse_response_format(v)?,
-    };
-    Ok(SamplingParams {
-        constraint,
-        presence_penalty,
-        frequency_penalty,
-        repetition_penalty,
-        repeat_last_n,
-        min_tokens,
-        logit_bias,
-        logprobs,
-        ..d
-    })
-}
-
-/// `response_format`: OpenAI's `text`, `json_object` and `json_schema`
-/// (`{"name", "schema", "strict", "description"}`), plus inferd's `regex` and
-/// `grammar` (Lark). The grammar itself is compiled when the request is prepared.
-fn parse_response_format(v: &Value) -> VResult<Option<ConstraintSpec>> {
-    let Value::Object(obj) = v else {
-        return Err(InferError::validation(format!(
-            "response_format must be an object with a \"type\" (got {})",
-            quote(v)
-        )));
-    };
-    let kind = match obj.get("type") {
-        Some(Value::String(t)) => t.as_str(),
-        other => {
-            return Err(InferError::validation(format!(
-                "response_format.type must be one of text, json_object, json_schema, regex, \
-                 grammar (got {})",
-                other.map_or("nothing".into(), quote)
-            )))
-        }
-    };
-    let text_field = |field: &str| match obj.get(field) {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        other => Err(InferError::validation(format!(
-            "response_format.{field} must be a non-empty string for type {kind} (got {})",
-            other.map_or("nothing".into(), quote)
-        ))),
-    };
-    let spec = match kind {
-        "text" => {
-            check_fields(obj, &["type"], "response_format")?;
-            None
-        }
-        "json_object" => {
-            check_fields(obj, &["type"], "response_format")?;
-            Some(ConstraintSpec::JsonObject)
-        }
-        "json_schema" => {
-            check_fields(obj, &["type", "json_schema"], "response_format")?;
-            let Some(Value::Object(js)) = obj.get("json_schema") else {
-                return Err(InferError::validation(
-                    "response_format.json_schema must be an object with a \"schema\" for type \
-                     json_schema",
-                ));
-            };
-            check_fields(
-                js,
-                &["name", "schema", "strict", "description"],
-                "response_format.json_schema",
-            )?;
-            match js.get("schema") {
-                Some(schema @ Value::Object(_)) => Some(ConstraintSpec::JsonSchema(schema.clone())),
-                other => {
-                    return Err(InferError::validation(format!(
-                        "response_format.json_schema.schema must be a JSON Schema object (got {})",
-                        other.map_or("nothing".into(), quote)
-                    )))
-                }
-            }
-        }
-        "regex" => {
-            check_fields(obj, &["type", "regex"], "response_format")?;
-            Some(ConstraintSpec::Regex(text_field("regex")?))
-        }
-        "grammar" => {
-            check_fields(obj, &["type", "grammar"], "response_format")?;
-            Some(ConstraintSpec::Grammar(text_field("grammar")?))
-        }
-        other => {
-            return Err(InferError::validation(format!(
-                "response_format.type must be one of text, json_object, json_schema, regex, \
-                 grammar (got {})",
-                quote_str(other)
-            )))
-        }
-    };
-    Ok(spec)
-}
-
-/// `logit_bias`: `{"token id": bias}` with ids below the vocabulary size (special
-/// and added tokens included) and biases in `[-100, 100]`; sorted by id.
-fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
-    let Value::Object(map) = v else {
-        return Err(InferError::validation(format!(
-            "logit_bias must be an object mapping token ids to biases (got {})",
-            quote(v)
-        )));
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (key, bias) in map {
-        let field = format!("logit_bias[{}]", quote_str(key));
-        let id = match key.parse::<u64>() {
-            Ok(id) if key.bytes().all(|b| b.is_ascii_digit()) => id,
-            _ => {
-                return Err(InferError::validation(format!(
-                    "logit_bias keys must be token ids, integers written as strings (got key {})",
-                    quote_str(key)
-                )))
-            }
-        };
-        if id >= vocab_size as u64 {
-            return Err(InferError::validation(format!(
-                "logit_bias key {} must be a token id below the vocabulary size {vocab_size}",
-                quote_str(key)
-            )));
-        }
-        let (b, text) = number(&field, bias)?;
-        if !(b.is_finite() && b.abs() <= MAX_ABS_LOGIT_BIAS) {
-            return Err(InferError::validation(format!(
-                "{field} must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}] (got {text})"
-            )));
-        }
-        out.push((u32::try_from(id).unwrap_or(u32::MAX), b as f32));
-    }
-    out.sort_unstable_by_key(|&(id, _)| id);
-    Ok(out)
-}
-
 fn parse_stop(v: &Value) -> VResult<Vec<String>> {
     match v {
         Value::String(s) => Ok(vec![stop_entry("stop", s)?]),
@@ -1043,6 +821,10 @@ fn shorten(text: String) -> String {
         None => text,
     }
 }
+
+mod steering;
+
+use steering::parse_steering;
 
 #[cfg(test)]
 mod tests;

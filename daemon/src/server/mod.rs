@@ -9,6 +9,7 @@
 
 mod http;
 mod openai;
+mod openai_logprobs;
 mod session;
 mod tracker;
 
