@@ -33,13 +33,15 @@ pub struct SamplingDefaults {
 }
 
 impl Default for SamplingDefaults {
+    /// The built-in values of [`crate::request::SamplingParams::default`].
     fn default() -> Self {
+        let p = crate::request::SamplingParams::default();
         Self {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            max_tokens: 256,
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            max_tokens: p.max_tokens,
         }
     }
 }

@@ -42,14 +42,18 @@ const GENERATE_FIELDS: &[&str] = &[
     "plugins",
     "cache",
     "cache_salt",
+    "logprobs",
+    "top_logprobs",
+];
+/// The steering fields, the same on every edge (the OpenAI endpoints pass them through
+/// unchanged): validated in [`steering`].
+pub const STEERING_FIELDS: &[&str] = &[
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
     "repeat_last_n",
     "min_tokens",
     "logit_bias",
-    "logprobs",
-    "top_logprobs",
     "response_format",
 ];
 /// Bound of `presence_penalty` and `frequency_penalty` (OpenAI's): `[-2, 2]`.
@@ -260,7 +264,11 @@ fn parse_generate(
     defaults: &SamplingDefaults,
     vocab_size: usize,
 ) -> VResult<ClientMessage> {
-    check_fields(obj, GENERATE_FIELDS, "generate message")?;
+    check_fields(
+        obj,
+        &[GENERATE_FIELDS, STEERING_FIELDS].concat(),
+        "generate message",
+    )?;
     let input = match (optional(obj, "messages"), optional(obj, "prompt")) {
         (Some(_), Some(_)) => {
             return Err(InferError::validation(

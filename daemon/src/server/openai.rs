@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use super::http::{self, Body, FrameStream};
 use super::openai_logprobs::{chat_logprobs, completion_logprobs};
 use super::{unix_now, Engine, State, Tracked};
-use crate::api::validate::{parse_generate_object, quote};
+use crate::api::validate::{parse_generate_object, quote, STEERING_FIELDS};
 use crate::error::InferError;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
 use crate::sampling::TokenLogprobs;
@@ -41,8 +41,7 @@ pub enum Endpoint {
 }
 
 /// Fields passed to the `generate` validator unchanged (the extensions `top_k`,
-/// `min_p`, `repetition_penalty`, `repeat_last_n`, `min_tokens`, `plugins`, `cache`,
-/// `cache_salt` included).
+/// `min_p`, `plugins`, `cache`, `cache_salt` included), with [`STEERING_FIELDS`].
 const PASSED: &[&str] = &[
     "temperature",
     "top_p",
@@ -53,13 +52,6 @@ const PASSED: &[&str] = &[
     "plugins",
     "cache",
     "cache_salt",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "repeat_last_n",
-    "min_tokens",
-    "logit_bias",
-    "response_format",
 ];
 /// Most alternatives the completions endpoint's integer `logprobs` may ask for
 /// (OpenAI's bound).
@@ -231,11 +223,11 @@ fn translate(
         Endpoint::Completion => COMPLETION_ONLY,
     };
     if let Some(k) = obj.keys().find(|k| {
-        ![PASSED, COMMON, own]
+        ![PASSED, STEERING_FIELDS, COMMON, own]
             .iter()
             .any(|l| l.contains(&k.as_str()))
     }) {
-        let mut known: Vec<&str> = [PASSED, COMMON, own].concat();
+        let mut known: Vec<&str> = [PASSED, STEERING_FIELDS, COMMON, own].concat();
         known.sort_unstable();
         return Err(invalid(format!(
             "unknown field {k:?}; this endpoint accepts {}",
@@ -336,7 +328,7 @@ fn translate(
     let mut out = Map::new();
     out.insert("type".into(), json!("generate"));
     out.insert("id".into(), json!(id));
-    for field in PASSED {
+    for field in PASSED.iter().chain(STEERING_FIELDS) {
         if let Some(v) = obj.get(*field) {
             out.insert((*field).into(), v.clone());
         }
