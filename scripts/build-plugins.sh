@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Builds the inferd WebAssembly plugins (plugins/) into target/plugins/<name>.wasm.
+# Builds the inferd WebAssembly plugins (plugins/) into target/plugins/<name>.wasm, and
+# the test-only ones into target/test-plugins/<name>.wasm.
 #
 # Usage: scripts/build-plugins.sh            (from any directory)
 # Env:   PLUGINS_OUT    output directory (default: <repo>/target/plugins)
+#        TEST_PLUGINS_OUT
+#                       output directory of the test-only plugins, those whose Cargo.toml
+#                       has `test-only = true` under [package.metadata.inferd] (default:
+#                       <repo>/target/test-plugins); the daemon does not load them by
+#                       default, a test copies them into its daemon's plugins.dir
 #        WASI_SYSROOT   wasi-libc sysroot in Debian's layout (default: /usr, i.e.
 #                       /usr/include/wasm32-wasi and /usr/lib/wasm32-wasi)
 #
@@ -12,7 +18,7 @@
 #    (no_std, wit-bindgen), for wasm32-wasip2 (rustc emits components directly).
 # 3. Builds the C plugin plugins/min_tokens_c: `wit-bindgen c` bindings, clang + wasm-ld
 #    against wasi-libc (malloc and string functions only), `wasm-tools component new`.
-# 4. Copies each component to the output directory and checks that it imports nothing
+# 4. Copies each component to its output directory and checks that it imports nothing
 #    but inferd:plugin/* (no WASI), as the daemon requires.
 # Quick when nothing changed: cargo is incremental and the C build is skipped when its
 # output is newer than its inputs.
@@ -20,6 +26,7 @@ set -euo pipefail
 
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${PLUGINS_OUT:-$ROOT/target/plugins}"
+TEST_OUT="${TEST_PLUGINS_OUT:-$ROOT/target/test-plugins}"
 BUILD="$ROOT/target/plugins-build"
 WIT="$ROOT/wit"
 WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
@@ -74,24 +81,35 @@ if ! command -v wasm-tools >/dev/null; then
     cargo install --locked "wasm-tools@$WASM_TOOLS_VERSION"
 fi
 
-mkdir -p "$OUT" "$BUILD"
+mkdir -p "$OUT" "$TEST_OUT" "$BUILD"
 built=() # output paths, checked at the end
+n_test=0 # how many of them are test-only
 
-# Copies component $1 to $OUT/$2.wasm (only when it changed) and prints one line.
+# Copies component $1 to $3/$2.wasm ($3 defaults to $OUT; only when it changed) and
+# prints one line.
 publish() {
-    local src=$1 name=$2 dst="$OUT/$2.wasm"
+    local src=$1 name=$2 dir=${3:-$OUT}
+    local dst="$dir/$name.wasm"
     cmp -s "$src" "$dst" 2>/dev/null || cp "$src" "$dst"
     built+=("$dst")
     printf 'built %-18s %s (%s bytes)\n' "$name" "$dst" "$(stat -c %s "$dst")"
 }
 
 # ---------------------------------------------------------------------------------------
-# 2. Rust plugins (the cdylib crates of plugins/Cargo.toml; crate name = plugin name)
+# 2. Rust plugins (the cdylib crates of plugins/Cargo.toml; crate name = plugin name).
+#    A crate with `test-only = true` (under [package.metadata.inferd]) is a test fixture
+#    that the daemon must not load by default: it goes to $TEST_OUT instead of $OUT.
 # ---------------------------------------------------------------------------------------
 rust_plugins=()
+test_plugins=()
 for manifest in "$ROOT"/plugins/*/Cargo.toml; do
     if grep -q 'crate-type *= *\[ *"cdylib" *\]' "$manifest"; then
-        rust_plugins+=("$(basename "$(dirname "$manifest")")")
+        name="$(basename "$(dirname "$manifest")")"
+        if grep -Eq '^test-only *= *true' "$manifest"; then
+            test_plugins+=("$name")
+        else
+            rust_plugins+=("$name")
+        fi
     fi
 done
 ((${#rust_plugins[@]})) || die "no Rust plugin crates found under $ROOT/plugins"
@@ -99,6 +117,15 @@ cargo build --release --target "$TARGET" \
     --manifest-path "$ROOT/plugins/Cargo.toml" --target-dir "$BUILD"
 for name in "${rust_plugins[@]}"; do
     publish "$BUILD/$TARGET/release/$name.wasm" "$name"
+done
+for name in "${test_plugins[@]}"; do
+    publish "$BUILD/$TARGET/release/$name.wasm" "$name" "$TEST_OUT"
+    n_test=$((n_test + 1))
+    # Never left where the daemon loads by default (e.g. by an older build), unless both
+    # directories are the same.
+    if [[ $(realpath -m "$OUT") != $(realpath -m "$TEST_OUT") ]]; then
+        rm -f "$OUT/$name.wasm"
+    fi
 done
 
 # ---------------------------------------------------------------------------------------
@@ -162,4 +189,4 @@ for f in "${built[@]}"; do
         grep -Eqx '\s*export inferd:plugin/(logits-processor|sampler)@[0-9.]+;' <<<"$exports" ||
         die "$f: must export exactly one of inferd:plugin/logits-processor, sampler; found:"$'\n'"$exports"
 done
-note "${#built[@]} plugins in $OUT, imports checked"
+note "$((${#built[@]} - n_test)) plugins in $OUT, $n_test test-only in $TEST_OUT, imports checked"
