@@ -290,6 +290,17 @@ pub fn plugins_dir() -> PathBuf {
         .map_or_else(|| workspace_root().join("target/plugins"), PathBuf::from)
 }
 
+/// Where the test-only plugins are (e.g. `scripted.wasm`): `$INFERD_TEST_PLUGINS_DIR` or
+/// `target/test-plugins/`, where `scripts/build-plugins.sh` writes them apart from the
+/// bundled ones so that no daemon loads them by default. A test copies the ones it
+/// needs into a directory of its own and passes it as `INFERD__PLUGINS__DIR`.
+pub fn test_plugins_dir() -> PathBuf {
+    std::env::var_os("INFERD_TEST_PLUGINS_DIR").map_or_else(
+        || workspace_root().join("target/test-plugins"),
+        PathBuf::from,
+    )
+}
+
 /// Runs `inferd serve` expecting it to fail at start-up; returns (exit code, stderr).
 pub fn start_failure(args: &[&str], env: &[(&str, &str)]) -> Result<(Option<i32>, String)> {
     let mut cmd = Command::new(inferd_binary());

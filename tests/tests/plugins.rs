@@ -1,10 +1,12 @@
 //! Wasm plugins end to end on the real model: the bundled Rust plugins and the C plugin
 //! (`min_tokens`) change what is generated, a seeded sampler plugin reproduces, and a
-//! plugin that hangs, exhausts memory or traps fails only its own request.
+//! plugin that hangs, exhausts memory or traps fails only its own request; the test-only
+//! `scripted` plugin, loaded from a directory of its own, makes the model say exactly
+//! what it is told.
 
 use std::collections::HashMap;
 
-use inferd_e2e::{Client, Daemon, Generation};
+use inferd_e2e::{ids, test_plugins_dir, Client, Daemon, Generation};
 use serde_json::{json, Value};
 
 const FRANCE: &str = "What is the capital of France? Answer in one short sentence.";
@@ -62,6 +64,12 @@ async fn plugins_message_lists_the_bundled_plugins() {
     );
     assert_eq!(world("min_tokens").as_deref(), Some("logits-processor"));
     assert_eq!(world("mirostat").as_deref(), Some("sampler"));
+    // Test-only plugins are built into target/test-plugins/, not loaded by default.
+    assert_eq!(
+        world("scripted"),
+        None,
+        "test-only plugin loaded by default"
+    );
     for p in list {
         assert!(!p["version"].as_str().unwrap_or_default().is_empty(), "{p}");
     }
@@ -319,4 +327,111 @@ async fn cancelling_during_configure_ends_the_request_as_cancelled() {
     let mut g = Generation::default();
     while !g.absorb(c.recv().await.expect("frame")) {}
     assert_eq!(g.error_type(), Some("cancelled"), "{g:?}");
+}
+
+/// Vocabulary size of the default model (SmolLM2-135M).
+const DEFAULT_VOCAB: u32 = 49_152;
+
+/// A daemon whose `plugins.dir` is a temporary directory holding only the test-only
+/// `scripted` plugin (copied from `target/test-plugins/`); keep the directory alive as
+/// long as the daemon.
+fn scripted_daemon() -> (Daemon, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = test_plugins_dir().join("scripted.wasm");
+    std::fs::copy(&src, dir.path().join("scripted.wasm"))
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/build-plugins.sh)", src.display()));
+    let daemon = Daemon::start_with_env(&[(
+        "INFERD__PLUGINS__DIR",
+        dir.path().to_str().expect("utf-8 path"),
+    )])
+    .expect("daemon");
+    (daemon, dir)
+}
+
+#[tokio::test]
+async fn scripted_plugin_emits_its_tokens_or_text_then_ends() {
+    let (daemon, _dir) = scripted_daemon();
+    let mut c = daemon.connect().await.expect("connect");
+    c.send(&json!({"type":"plugins","id":"p"}))
+        .await
+        .expect("send");
+    let f = c.recv().await.expect("frame");
+    let names: Vec<&str> = f["plugins"]
+        .as_array()
+        .expect("plugins array")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["scripted"]);
+
+    // Token ids: exactly those, then one end-of-generation token (no text).
+    let said = "Hello world, scripted!";
+    c.send(&json!({"type":"tokenize","id":"t","text":said}))
+        .await
+        .expect("send");
+    let f = c.recv().await.expect("frame");
+    assert_eq!(f["type"], "tokens", "{f}");
+    let script = ids(&f["token_ids"]);
+    assert!(script.len() > 2, "{script:?}");
+    let g = c
+        .generate(chat(
+            "tokens",
+            FRANCE,
+            64,
+            json!([{"name":"scripted","config":{"tokens":script}}]),
+        ))
+        .await
+        .expect("generate");
+    assert_eq!(g.error, None);
+    assert_eq!(g.finish_reason(), Some("stop"), "{g:?}");
+    assert_eq!(g.token_ids[..script.len()], script[..], "{g:?}");
+    assert_eq!(g.token_ids.len(), script.len() + 1, "{g:?}");
+    assert_eq!(g.text, said);
+
+    // Text, one token per byte: a reasoning block whose markers are split into single
+    // bytes, and a two-byte character split across two tokens.
+    for (id, text, split) in [
+        ("think", "<think>\nhi</think>", "bytes"),
+        ("split_char", "é", "bytes"),
+        ("greedy", "<think>\nhi</think>", "greedy"),
+    ] {
+        let g = c
+            .generate(chat(
+                id,
+                FRANCE,
+                64,
+                json!([{"name":"scripted","config":{"text":text,"split":split}}]),
+            ))
+            .await
+            .expect("generate");
+        assert_eq!(g.error, None, "{id}");
+        assert_eq!(g.finish_reason(), Some("stop"), "{id}: {g:?}");
+        assert_eq!(g.text, text, "{id}");
+        if split == "bytes" {
+            assert_eq!(g.token_ids.len(), text.len() + 1, "{id}: {g:?}");
+        } else {
+            assert!(g.token_ids.len() <= text.len(), "{id}: {g:?}");
+        }
+    }
+
+    // A token id outside the vocabulary: the config is refused, naming the field, the
+    // index and the bound; nothing is generated.
+    let g = c
+        .generate(chat(
+            "bad",
+            FRANCE,
+            8,
+            json!([{"name":"scripted","config":{"tokens":[script[0], DEFAULT_VOCAB]}}]),
+        ))
+        .await
+        .expect("generate");
+    assert_eq!(g.error_type(), Some("validation"), "{g:?}");
+    assert!(g.started.is_none(), "{g:?}");
+    assert_eq!(
+        error_message(&g),
+        format!(
+            "plugins[0].config: plugin \"scripted\" rejected it: tokens[1]: must be a token id \
+             below the vocabulary size {DEFAULT_VOCAB}, got {DEFAULT_VOCAB}"
+        )
+    );
 }
