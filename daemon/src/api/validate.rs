@@ -75,7 +75,7 @@ const CANCEL_FIELDS: &[&str] = &["type", "id"];
 const STATS_FIELDS: &[&str] = &["type", "id"];
 const TOKENIZE_FIELDS: &[&str] = &["type", "id", "text", "special"];
 const DETOKENIZE_FIELDS: &[&str] = &["type", "id", "token_ids"];
-const MESSAGE_FIELDS: &[&str] = &["role", "content"];
+const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
 const PART_FIELDS: &[&str] = &["type", "text"];
 
 type VResult<T> = Result<T, InferError>;
@@ -266,7 +266,7 @@ fn parse_generate(
 ) -> VResult<ClientMessage> {
     check_fields(
         obj,
-        &[GENERATE_FIELDS, STEERING_FIELDS].concat(),
+        &[GENERATE_FIELDS, STEERING_FIELDS, tools::TOOL_FIELDS].concat(),
         "generate message",
     )?;
     let input = match (optional(obj, "messages"), optional(obj, "prompt")) {
@@ -290,12 +290,25 @@ fn parse_generate(
         Some(v) => parse_plugins(v)?,
     };
     let cache = parse_cache(obj)?;
+    let is_chat = matches!(input, PromptInput::Messages(_));
+    let tools = tools::parse_tool_options(obj, is_chat)?;
+    if let (Some(t), Some(_)) = (&tools, &sampling.constraint) {
+        if t.forced().is_some() {
+            return Err(InferError::validation(
+                "response_format cannot be combined with tool_choice \"required\" or a named \
+                 function (the call's arguments are already constrained)",
+            ));
+        }
+    }
+    let template_kwargs = tools::parse_template_kwargs(obj, is_chat)?;
     Ok(ClientMessage::Generate(Box::new(GenerateRequest {
         client_id: id,
         input,
         sampling,
         plugins,
         cache,
+        tools,
+        template_kwargs,
     })))
 }
 
@@ -456,7 +469,13 @@ fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
             )))
         }
     };
+    let tool_calls = match optional(obj, "tool_calls") {
+        None => Vec::new(),
+        Some(v) => tools::parse_message_calls(i, v)?,
+    };
     let content = match obj.get("content") {
+        // An assistant turn that only calls tools has no content.
+        None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
         None => {
             return Err(InferError::validation(format!(
                 "messages[{i}] is missing field \"content\""
@@ -471,7 +490,13 @@ fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
             )))
         }
     };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: tools::message_string(i, obj, "tool_call_id")?,
+        name: tools::message_string(i, obj, "name")?,
+    })
 }
 
 /// Concatenates the texts of `[{"type":"text","text":"..."}, ...]`.
@@ -831,6 +856,7 @@ fn shorten(text: String) -> String {
 }
 
 mod steering;
+mod tools;
 
 use steering::parse_steering;
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::error::{ErrorKind, InferError};
-use crate::request::{FinishReason, StreamEvent, Timings, Usage};
+use crate::request::{FinishReason, StreamEvent, Timings, ToolCallDelta, Usage};
 use crate::sampling::wasm_plugin::PluginDescription;
 use crate::sampling::{TokenLogprobs, TopLogprob};
 use crate::scheduler::EngineStats;
@@ -27,6 +27,10 @@ enum Frame<'a> {
         token_ids: &'a [u32],
         #[serde(skip_serializing_if = "Vec::is_empty")]
         logprobs: Vec<LogprobEntry>,
+        #[serde(skip_serializing_if = "str::is_empty")]
+        reasoning: &'a str,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        tool_calls: &'a [ToolCallDelta],
     },
     Done {
         id: &'a str,
@@ -128,11 +132,15 @@ pub fn event_frame(id: &str, event: &StreamEvent) -> String {
             text,
             token_ids,
             logprobs,
+            reasoning,
+            tool_calls,
         } => render(&Frame::Delta {
             id,
             text,
             token_ids,
             logprobs: logprob_entries(logprobs),
+            reasoning,
+            tool_calls,
         }),
         StreamEvent::Done {
             finish_reason,
@@ -225,6 +233,8 @@ mod tests {
             text: "héllo \"q\"\n".into(),
             token_ids: vec![1, 2, 4_000_000_000],
             logprobs: vec![],
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         };
         assert_eq!(
             parse(&event_frame("r1", &event)),
@@ -234,6 +244,8 @@ mod tests {
             text: String::new(),
             token_ids: vec![],
             logprobs: vec![],
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         };
         assert_eq!(
             parse(&event_frame("r1", &empty)),
@@ -258,6 +270,8 @@ mod tests {
                     tok(9, f32::NEG_INFINITY, &[0xe2, 0x82]),
                 ],
             }],
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         };
         assert_eq!(
             parse(&event_frame("r1", &event)),

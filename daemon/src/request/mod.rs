@@ -12,6 +12,10 @@ use tokio::sync::mpsc;
 
 use crate::error::InferError;
 
+pub mod tools;
+
+pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};
+
 /// Identifier of an accepted sequence inside the engine, unique for the daemon's lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
@@ -56,12 +60,30 @@ impl fmt::Display for SeqId {
 
 /// One chat message after validation. `content` is the concatenation of the text
 /// parts when the client sent a list of parts.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, ...: passed to the template as given.
     pub role: String,
-    /// Message text. Special-token strings inside it are encoded as plain text.
+    /// Message text. Special-token strings inside it are encoded as plain text. Empty
+    /// for an assistant message that only calls tools (`content: null`).
     pub content: String,
+    /// An assistant message's `tool_calls` (empty for none).
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message's `tool_call_id`: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// `name` (of a `tool` message's function, or a participant), when given.
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with just a role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
 }
 
 /// What to generate from: chat messages rendered by the model's template, or a raw prompt.
@@ -214,6 +236,11 @@ pub struct GenerateRequest {
     pub plugins: Vec<PluginSpec>,
     /// Prefix caching (`cache`, `cache_salt`).
     pub cache: CacheOptions,
+    /// `tools`, `tool_choice`, `parallel_tool_calls` (chat only); `None` without tools.
+    pub tools: Option<ToolOptions>,
+    /// `chat_template_kwargs`: extra variables for the chat template (e.g.
+    /// `enable_thinking`), never one the daemon sets itself.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Why generation ended (`done.finish_reason`).
@@ -224,6 +251,9 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` reached or the context window is full.
     Length,
+    /// The turn ended (as `Stop`) after the model called tools: the calls are in the
+    /// deltas' `tool_calls`.
+    ToolCalls,
     /// Cancelled by the client (or its connection closed).
     Cancelled,
 }
@@ -268,6 +298,12 @@ pub enum StreamEvent {
         /// Their log-probabilities (one per id, in order) when the request asked for
         /// `logprobs`; empty otherwise.
         logprobs: Vec<crate::sampling::TokenLogprobs>,
+        /// Text of the model's reasoning (`<think>…</think>`) released by this step;
+        /// never part of `text`.
+        reasoning: String,
+        /// Tool-call pieces parsed from the output in this step (their text is never
+        /// part of `text`).
+        tool_calls: Vec<ToolCallDelta>,
     },
     /// Generation ended normally or by cancellation.
     Done {

@@ -7,6 +7,7 @@ use super::logit_bias::LogitBias;
 use super::logprobs::{step_logprobs, TokenLogprobs};
 use super::penalties::{MinTokens, Penalties};
 use super::processor::LogitsProcessor;
+use super::reasoning_gate::ReasoningGate;
 use super::sampler::Sampler;
 use super::wasm_plugin::{PluginChain, StepView};
 use crate::error::InferError;
@@ -31,6 +32,8 @@ pub struct SamplerChain {
     native: Vec<Box<dyn LogitsProcessor>>,
     plugins: Option<PluginChain>,
     constraint: Option<Constraint>,
+    /// Holds the constraint back while the model reasons (`None`: it always applies).
+    gate: Option<ReasoningGate>,
     sampler: Sampler,
     /// `Some(n)`: log-probabilities with the `n` most likely alternatives.
     logprobs: Option<usize>,
@@ -72,6 +75,7 @@ impl SamplerChain {
             native,
             plugins: None,
             constraint: None,
+            gate: None,
             sampler: Sampler::new(params),
             logprobs: params.logprobs,
             raw: Vec::new(),
@@ -86,6 +90,18 @@ impl SamplerChain {
     /// Adds the request's compiled `response_format` constraint.
     pub fn set_constraint(&mut self, constraint: Constraint) {
         self.constraint = Some(constraint);
+    }
+
+    /// Holds the constraint back while the model reasons (see [`ReasoningGate`]).
+    pub fn set_reasoning_gate(&mut self, gate: ReasoningGate) {
+        self.gate = Some(gate);
+    }
+
+    /// The model's reasoning ended: a gated constraint applies from the next token.
+    pub fn reasoning_ended(&mut self) {
+        if let Some(g) = self.gate.as_mut() {
+            g.open();
+        }
     }
 
     /// Whether the chain has any processor or sampler plugin (a bare chain only draws).
@@ -115,7 +131,10 @@ impl SamplerChain {
             chain.apply(ctx, logits)?;
         }
         if let Some(c) = self.constraint.as_mut() {
-            c.apply(ctx, logits)?;
+            match self.gate.as_mut() {
+                Some(g) => g.apply(logits, |l| c.apply(ctx, l))?,
+                None => c.apply(ctx, logits)?,
+            }
         }
         let token = match self.plugins.as_mut() {
             Some(chain) if chain.has_sampler() => {
@@ -141,7 +160,8 @@ impl SamplerChain {
         if let Some(chain) = self.plugins.as_mut() {
             chain.accept(token)?;
         }
-        if let Some(c) = self.constraint.as_mut() {
+        let feed = self.gate.as_mut().is_none_or(|g| g.accept(token));
+        if let (Some(c), true) = (self.constraint.as_mut(), feed) {
             c.accept(token)?;
         }
         Ok(())
@@ -155,8 +175,9 @@ impl SamplerChain {
         if let Some(chain) = self.plugins.as_mut() {
             chain.rollback(n);
         }
+        let fed = self.gate.as_mut().map_or(n, |g| g.rollback(n));
         if let Some(c) = self.constraint.as_mut() {
-            c.rollback(n);
+            c.rollback(fed);
         }
     }
 }

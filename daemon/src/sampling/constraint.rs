@@ -22,7 +22,7 @@ use crate::request::ConstraintSpec;
 /// JSON layout the schema grammars allow: `", "` between items, `": "` after keys, no
 /// other whitespace — so the model cannot spend its budget on whitespace and
 /// generation ends (llguidance's `x-guidance` options).
-fn json_layout() -> Value {
+pub(crate) fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
@@ -83,7 +83,7 @@ const ANNOTATIONS: &[&str] = &[
 /// enforce nor treat as an annotation: llguidance itself refuses JSON Schema keywords
 /// it does not implement, but ignores words outside the vocabulary (as the JSON
 /// Schema spec allows), so a misspelt `maxLenght` would be dropped silently.
-fn check_keywords(schema: &Value, at: &str) -> Result<(), String> {
+pub(crate) fn check_keywords(schema: &Value, at: &str) -> Result<(), String> {
     let Value::Object(map) = schema else {
         return Ok(()); // `true` / `false` schemas, or a type error llguidance reports
     };
@@ -181,6 +181,24 @@ impl GrammarCompiler {
                 "response_format.grammar",
             ),
         };
+        self.compile_grammar(grammar, field, eog)
+    }
+
+    /// Compiles the Lark grammar of a forced tool call
+    /// ([`super::tool_grammar::tool_call_grammar`]); errors name `tools`.
+    ///
+    /// # Errors
+    /// `validation` with llguidance's reason.
+    pub fn compile_tool_calls(&self, lark: String, eog: &[u32]) -> Result<Constraint, InferError> {
+        self.compile_grammar(TopLevelGrammar::from_lark(lark), "tools", eog)
+    }
+
+    fn compile_grammar(
+        &self,
+        grammar: TopLevelGrammar,
+        field: &str,
+        eog: &[u32],
+    ) -> Result<Constraint, InferError> {
         let parser = self
             .factory
             .create_parser(grammar)

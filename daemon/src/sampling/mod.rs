@@ -20,7 +20,9 @@ pub mod logprobs;
 pub mod penalties;
 pub mod processor;
 pub mod processors;
+pub mod reasoning_gate;
 pub mod sampler;
+pub mod tool_grammar;
 pub mod wasm_plugin;
 
 pub use chain::{Sampled, SamplerChain};

@@ -35,6 +35,7 @@ fn sched(blocks: usize) -> Scheduler {
 fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let req = TokenizedRequest {
+        channels: Default::default(),
         seq: SeqId(id),
         client_id: format!("r{id}"),
         prompt,

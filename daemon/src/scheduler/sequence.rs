@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use crate::detokenizer::OutputStream;
+use crate::detokenizer::channels::ChannelOut;
+use crate::detokenizer::{ChannelSpec, Channels, OutputStream};
 use crate::error::InferError;
 use crate::prefix_store::{chain_hash, BlockHash, ModelFingerprint};
 use crate::request::{
@@ -35,6 +36,8 @@ pub struct TokenizedRequest {
     pub cache: CacheOptions,
     /// Blocks the disk tier returned for this prompt before it was queued.
     pub disk_hit: Option<DiskHit>,
+    /// How the output is split into content, reasoning and tool calls.
+    pub channels: ChannelSpec,
 }
 
 /// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block
@@ -97,6 +100,10 @@ pub struct Sequence {
     last_token_at: Option<Instant>,
     /// Ids sampled since the last delta was sent.
     unsent_ids: Vec<u32>,
+    /// Reasoning and tool-call splitting of the released text.
+    channels: Channels,
+    /// Control tokens the splitters see as text; empty for a plain request.
+    markers: Vec<(u32, String)>,
     /// Their log-probabilities, when the request asked for them.
     unsent_logprobs: Vec<TokenLogprobs>,
     /// Whether `started` was sent (the sequence was admitted to run).
@@ -139,6 +146,12 @@ impl Sequence {
             client_id: req.client_id,
             chain: req.chain,
             output: OutputStream::new(req.sampling.stop.clone()),
+            channels: Channels::new(&req.channels, req.seq.0),
+            markers: if req.channels.is_plain() {
+                Vec::new()
+            } else {
+                req.channels.markers.clone()
+            },
             prompt: req.prompt,
             generated: Vec::new(),
             computed: 0,
@@ -272,15 +285,17 @@ impl Sequence {
         if is_eog {
             return Ok(TokenOutcome::Finished(FinishReason::Stop));
         }
+        let bytes = self
+            .markers
+            .iter()
+            .find(|(id, _)| *id == token)
+            .map_or(bytes, |(_, text)| text.as_bytes());
         let emit = self.output.push(bytes);
-        if !emit.text.is_empty() {
-            let event = StreamEvent::Delta {
-                text: emit.text,
-                token_ids: std::mem::take(&mut self.unsent_ids),
-                logprobs: std::mem::take(&mut self.unsent_logprobs),
-            };
-            self.send(event);
+        let out = self.channels.push(&emit.text);
+        if self.channels.reasoning_ended() {
+            self.chain.reasoning_ended();
         }
+        self.send_delta(out, false);
         Ok(if emit.stopped {
             TokenOutcome::Finished(FinishReason::Stop)
         } else if self.generated.len() >= self.max_new_tokens {
@@ -290,21 +305,39 @@ impl Sequence {
         })
     }
 
-    /// Flushes held-back text and sends `done`. Returns `(ttft_ms, completion tokens)`.
+    /// Sends what `out` released, with the token ids and log-probabilities not sent
+    /// yet; nothing when no channel has text (the ids wait for the next delta) unless
+    /// `flush`.
+    fn send_delta(&mut self, out: ChannelOut, flush: bool) {
+        let empty = out.content.is_empty() && out.reasoning.is_empty() && out.tool_calls.is_empty();
+        if empty && !flush {
+            return;
+        }
+        let event = StreamEvent::Delta {
+            text: out.content,
+            token_ids: std::mem::take(&mut self.unsent_ids),
+            logprobs: std::mem::take(&mut self.unsent_logprobs),
+            reasoning: out.reasoning,
+            tool_calls: out.tool_calls,
+        };
+        self.send(event);
+    }
+
+    /// Flushes held-back text and sends `done`; a turn that ended normally after tool
+    /// calls finishes with `tool_calls`. Returns the timings.
     pub fn finish(&mut self, reason: FinishReason) -> Timings {
         let rest = if self.output.is_stopped() {
             String::new()
         } else {
             self.output.finish()
         };
-        if !rest.is_empty() || !self.unsent_ids.is_empty() {
-            let event = StreamEvent::Delta {
-                text: rest,
-                token_ids: std::mem::take(&mut self.unsent_ids),
-                logprobs: std::mem::take(&mut self.unsent_logprobs),
-            };
-            self.send(event);
-        }
+        let out = self.channels.finish(&rest);
+        let flush = !self.unsent_ids.is_empty();
+        self.send_delta(out, flush);
+        let reason = match reason {
+            FinishReason::Stop if self.channels.has_tool_calls() => FinishReason::ToolCalls,
+            r => r,
+        };
         let timings = self.timings();
         self.send(StreamEvent::Done {
             finish_reason: reason,

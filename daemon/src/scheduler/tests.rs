@@ -48,6 +48,7 @@ fn request(
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = CancelFlag::new();
     let req = TokenizedRequest {
+        channels: Default::default(),
         seq: SeqId(id),
         client_id: format!("r{id}"),
         prompt: (0..prompt_len as u32).map(|i| 100 + i).collect(),
@@ -187,6 +188,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
     let mut s = sched(1, 10, 100);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let req = TokenizedRequest {
+        channels: Default::default(),
         seq: SeqId(1),
         client_id: "r".into(),
         prompt: vec![1, 2],
@@ -223,7 +225,9 @@ fn finishing_streams_the_rest_and_reports_usage() {
         StreamEvent::Delta {
             text: "héllo ".into(),
             token_ids: vec![10],
-            logprobs: vec![]
+            logprobs: vec![],
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         }
     );
     assert_eq!(
@@ -231,7 +235,9 @@ fn finishing_streams_the_rest_and_reports_usage() {
         StreamEvent::Delta {
             text: "ST".into(),
             token_ids: vec![11, 2],
-            logprobs: vec![]
+            logprobs: vec![],
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         }
     );
     match &events[2] {

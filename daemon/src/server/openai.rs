@@ -6,7 +6,7 @@
 //! A request body is translated into a protocol-v1 `generate` object and validated by
 //! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
 //! so both edges accept and refuse the same values with the same messages. OpenAI
-//! fields inferd cannot honour yet (`n` > 1, `echo`, tools, ...)
+//! fields inferd cannot honour yet (`n` > 1, `echo`, ...)
 //! are refused with a 400 naming the field rather than silently ignored.
 
 use std::collections::VecDeque;
@@ -24,7 +24,8 @@ use super::openai_logprobs::{chat_logprobs, completion_logprobs};
 use super::{unix_now, Engine, State, Tracked};
 use crate::api::validate::{parse_generate_object, quote, STEERING_FIELDS};
 use crate::error::InferError;
-use crate::request::{EventReceiver, FinishReason, StreamEvent, Usage};
+use crate::request::tools::fold_tool_calls;
+use crate::request::{EventReceiver, FinishReason, StreamEvent, ToolCallDelta, Usage};
 use crate::sampling::TokenLogprobs;
 
 /// Longest wait for a request body to arrive, as for its headers (hyper's
@@ -73,6 +74,7 @@ const CHAT_ONLY: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "chat_template_kwargs",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
 
@@ -265,13 +267,6 @@ fn translate(
         ("best_of", |v| v.as_f64() == Some(1.0), "1"),
         ("echo", |v| v == &Value::Bool(false), "false"),
         ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
-        (
-            "tools",
-            |v| v.as_array().is_some_and(Vec::is_empty),
-            "[] (tool calls are not supported)",
-        ),
-        ("tool_choice", |v| v.as_str() == Some("none"), "\"none\""),
-        ("parallel_tool_calls", |v| v.is_boolean(), "a boolean"),
         ("user", Value::is_string, "a string"),
     ];
     for (field, ok, allowed) in neutral {
@@ -342,7 +337,14 @@ fn translate(
         Endpoint::Chat => {
             let messages = obj.get("messages").cloned().unwrap_or(Value::Null);
             out.insert("messages".into(), messages);
-            for field in ["logprobs", "top_logprobs"] {
+            for field in [
+                "logprobs",
+                "top_logprobs",
+                "tools",
+                "tool_choice",
+                "parallel_tool_calls",
+                "chat_template_kwargs",
+            ] {
                 if let Some(v) = obj.get(field) {
                     out.insert(field.into(), v.clone());
                 }
@@ -501,10 +503,18 @@ impl Sse {
                     self.queue.push_back(sse_line(&c));
                 }
             }
-            StreamEvent::Delta { text, logprobs, .. } => {
-                if !text.is_empty() || (self.logprobs && !logprobs.is_empty()) {
+            StreamEvent::Delta {
+                text,
+                logprobs,
+                reasoning,
+                tool_calls,
+                ..
+            } => {
+                let any = !text.is_empty() || !reasoning.is_empty() || !tool_calls.is_empty();
+                if any || (self.logprobs && !logprobs.is_empty()) {
                     let lp = r.logprobs(self.logprobs, &logprobs, &mut self.emitted);
-                    let c = r.chunk(json!({ "content": text }), &text, lp, Value::Null);
+                    let delta = chat_delta(&text, &reasoning, &tool_calls);
+                    let c = r.chunk(delta, &text, lp, Value::Null);
                     self.queue.push_back(sse_line(&c));
                 }
             }
@@ -592,6 +602,69 @@ fn sse(
     r
 }
 
+/// A streamed chat `delta`: `content`, and `reasoning_content` / `tool_calls` when
+/// present (a call's first piece carries `id`, `type` and the name).
+fn chat_delta(text: &str, reasoning: &str, calls: &[ToolCallDelta]) -> Value {
+    let mut d = Map::new();
+    if !text.is_empty() || (reasoning.is_empty() && calls.is_empty()) {
+        d.insert("content".into(), json!(text));
+    }
+    if !reasoning.is_empty() {
+        d.insert("reasoning_content".into(), json!(reasoning));
+    }
+    if !calls.is_empty() {
+        let pieces: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let mut function = Map::new();
+                if let Some(name) = &c.name {
+                    function.insert("name".into(), json!(name));
+                }
+                function.insert("arguments".into(), json!(c.arguments));
+                let mut p = Map::new();
+                p.insert("index".into(), json!(c.index));
+                if let Some(id) = &c.id {
+                    p.insert("id".into(), json!(id));
+                    p.insert("type".into(), json!("function"));
+                }
+                p.insert("function".into(), Value::Object(function));
+                Value::Object(p)
+            })
+            .collect();
+        d.insert("tool_calls".into(), Value::Array(pieces));
+    }
+    Value::Object(d)
+}
+
+/// A whole chat `message`: `content` (`null` when the turn only called tools), and
+/// `reasoning_content` / `tool_calls` when present, the calls folded from the same
+/// pieces a stream sends.
+fn chat_message(text: String, reasoning: &str, calls: &[ToolCallDelta]) -> Value {
+    let calls = fold_tool_calls(calls);
+    let mut m = Map::new();
+    m.insert("role".into(), json!("assistant"));
+    let content = if text.is_empty() && !calls.is_empty() {
+        Value::Null
+    } else {
+        json!(text)
+    };
+    m.insert("content".into(), content);
+    if !reasoning.is_empty() {
+        m.insert("reasoning_content".into(), json!(reasoning));
+    }
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        m.insert("tool_calls".into(), Value::Array(calls));
+    }
+    Value::Object(m)
+}
+
 /// Waits for the whole completion (a client that disconnects meanwhile drops this
 /// future, and with it the [`Tracked`] guard, which cancels the request).
 async fn collect(
@@ -601,6 +674,8 @@ async fn collect(
     logprobs: bool,
 ) -> Result<Response<Body>, Refusal> {
     let mut text = String::new();
+    let mut reasoning_text = String::new();
+    let mut calls = Vec::new();
     let mut entries = Vec::new();
     loop {
         let event = rx.recv().await.unwrap_or_else(|| {
@@ -612,9 +687,13 @@ async fn collect(
             StreamEvent::Delta {
                 text: t,
                 logprobs: lp,
+                reasoning,
+                tool_calls,
                 ..
             } => {
                 text.push_str(&t);
+                reasoning_text.push_str(&reasoning);
+                calls.extend(tool_calls);
                 entries.extend(lp);
             }
             StreamEvent::Error(e) => return Err(e.into()),
@@ -627,7 +706,7 @@ async fn collect(
                 let choice = match reply.endpoint {
                     Endpoint::Chat => json!({
                         "index": 0,
-                        "message": { "role": "assistant", "content": text },
+                        "message": chat_message(text, &reasoning_text, &calls),
                         "logprobs": lp,
                         "finish_reason": finish_reason(reason),
                     }),
@@ -725,8 +804,9 @@ mod tests {
         };
         assert_eq!(chat(json!({"n": 2})).as_deref(), Some("400 Bad Request"));
         assert_eq!(
-            chat(json!({"tools": [{"type": "function"}]})).as_deref(),
-            Some("400 Bad Request")
+            chat(json!({"tools": [{"type": "function"}]})),
+            None,
+            "validated later"
         );
         assert_eq!(
             chat(json!({"prompt": "x"})).as_deref(),

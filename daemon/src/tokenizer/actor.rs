@@ -6,10 +6,17 @@ use std::time::Instant;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 
+use crate::detokenizer::reasoning::ReasoningStart;
+use crate::detokenizer::tool_calls::ToolFormat;
+use crate::detokenizer::ChannelSpec;
 use crate::error::InferError;
-use crate::request::SamplingParams;
-use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
+use crate::request::{
+    CancelFlag, EventSender, FunctionTool, GenerateRequest, PromptInput, SeqId, StreamEvent,
+    ToolChoice,
+};
 use crate::sampling::constraint::LazyCompiler;
+use crate::sampling::reasoning_gate::ReasoningGate;
+use crate::sampling::tool_grammar::tool_call_grammar;
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
 use crate::sampling::SamplerChain;
 use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
@@ -76,31 +83,94 @@ impl TokenizerActor {
         }
     }
 
-    /// The request's sampling chain, its `response_format` compiled (off the engine
-    /// loop: this runs on the tokenizer pool).
-    fn chain(&self, params: &SamplingParams) -> Result<SamplerChain, InferError> {
+    /// The request's sampling chain, its `response_format` or forced tool call
+    /// compiled (off the engine loop: this runs on the tokenizer pool), held back while
+    /// the model reasons when the template lets it.
+    fn chain(&self, req: &GenerateRequest, prompt: &Prompt) -> Result<SamplerChain, InferError> {
+        let params = &req.sampling;
         let eog = self.tokenizer.eog_token_ids();
         let mut chain = SamplerChain::new(params, eog);
-        if let Some(spec) = &params.constraint {
-            let compiler = self.grammars.get(|| grammar_vocabulary(&self.tokenizer))?;
-            chain.set_constraint(compiler.compile(spec, eog)?);
+        let forced = match (&req.tools, prompt.tool_format) {
+            (Some(t), Some(format)) => t.forced().map(|tools| (t, format, tools)),
+            _ => None,
+        };
+        if params.constraint.is_none() && forced.is_none() {
+            return Ok(chain);
+        }
+        let compiler = self.grammars.get(|| grammar_vocabulary(&self.tokenizer))?;
+        let constraint = match (&params.constraint, forced) {
+            (Some(spec), _) => compiler.compile(spec, eog)?,
+            (None, Some((options, format, tools))) => {
+                let indexed: Vec<(usize, &FunctionTool)> = tools
+                    .into_iter()
+                    .map(|t| {
+                        let i = options.tools.iter().position(|u| u.name == t.name);
+                        (i.unwrap_or(0), t)
+                    })
+                    .collect();
+                let marker = prompt
+                    .channels
+                    .markers
+                    .iter()
+                    .find(|(_, m)| m == "[TOOL_CALLS]")
+                    .map(|(id, _)| *id);
+                // A named function is called once; `required` may call several when parallel.
+                let many = options.parallel && options.choice == ToolChoice::Required;
+                let lark = tool_call_grammar(format, &indexed, many, marker)?;
+                compiler.compile_tool_calls(lark, eog)?
+            }
+            (None, None) => return Ok(chain),
+        };
+        chain.set_constraint(constraint);
+        if let Some(start) = prompt.channels.reasoning {
+            if start != ReasoningStart::Ended {
+                let tok = &self.tokenizer;
+                let pieces =
+                    ReasoningGate::think_pieces(tok.vocab_size() as u32, |id| tok.token_bytes(id));
+                chain.set_reasoning_gate(ReasoningGate::new(start, pieces));
+            }
         }
         Ok(chain)
     }
 
-    /// Prompt ids for `input`: the chat template for messages, raw text otherwise
-    /// (special-token text in a raw prompt stays plain text). BOS / EOS are added as the
-    /// model asks (`TextTokenizer::add_bos`, `TextTokenizer::add_eos`), BOS not doubled.
-    fn prompt_ids(&self, input: &PromptInput) -> Result<Vec<u32>, InferError> {
-        match input {
-            PromptInput::Messages(m) => Ok(self.tokenizer.encode_chat(m)?.1),
-            PromptInput::Tokens(ids) => Ok(ids.clone()),
+    /// Prompt ids for the request: the chat template for messages (with its tools and
+    /// `chat_template_kwargs`), raw text otherwise (special-token text in a raw prompt
+    /// stays plain text). BOS / EOS are added as the model asks
+    /// (`TextTokenizer::add_bos`, `TextTokenizer::add_eos`), BOS not doubled.
+    fn prompt(&self, req: &GenerateRequest) -> Result<Prompt, InferError> {
+        let plain = |ids| Prompt {
+            ids,
+            channels: ChannelSpec::default(),
+            tool_format: None,
+        };
+        match &req.input {
+            PromptInput::Messages(m) => {
+                let p = self.tokenizer.encode_chat_request(
+                    m,
+                    req.tools.as_ref(),
+                    &req.template_kwargs,
+                )?;
+                Ok(Prompt {
+                    ids: p.ids,
+                    channels: p.channels,
+                    tool_format: p.tool_format,
+                })
+            }
+            PromptInput::Tokens(ids) => Ok(plain(ids.clone())),
             PromptInput::Text(t) => self
                 .tokenizer
                 .encode_prompt(t)
+                .map(plain)
                 .map_err(|e| InferError::validation(format!("prompt: {e}"))),
         }
     }
+}
+
+/// A tokenized prompt and what its template implies for the output.
+struct Prompt {
+    ids: Vec<u32>,
+    channels: ChannelSpec,
+    tool_format: Option<ToolFormat>,
 }
 
 impl Actor for TokenizerActor {
@@ -112,14 +182,15 @@ impl Handler<Prepare> for TokenizerActor {
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
         let prepared = self
-            .prompt_ids(&msg.request.input)
-            .and_then(|p| Ok((p, self.chain(&msg.request.sampling)?)));
+            .prompt(&msg.request)
+            .and_then(|p| Ok((self.chain(&msg.request, &p)?, p)));
         match prepared {
-            Ok((prompt, chain)) => {
+            Ok((chain, prompt)) => {
                 let req = TokenizedRequest {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
-                    prompt,
+                    prompt: prompt.ids,
+                    channels: prompt.channels,
                     chain,
                     sampling: msg.request.sampling,
                     events: msg.events,

@@ -41,6 +41,19 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The Jinja source (read to choose the tool-call and reasoning formats).
+    source: String,
+}
+
+/// Variables a template gets besides `messages`: the request's `tools` (OpenAI's
+/// `[{"type": "function", "function": {…}}]` shape, absent when the request has none or
+/// `tool_choice` is `none`) and its `chat_template_kwargs`.
+#[derive(Debug, Clone, Default)]
+pub struct TemplateExtras {
+    /// `tools`, passed as transformers' `apply_chat_template(tools=…)` does.
+    pub tools: Option<serde_json::Value>,
+    /// Extra variables (`chat_template_kwargs`), e.g. `enable_thinking`.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A rendered prompt with the byte ranges that came from message content.
@@ -81,7 +94,13 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            source: source.to_string(),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` as given (no content markers).
@@ -94,7 +113,8 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, InferError> {
-        self.render_with(messages, add_generation_prompt, |c| c.to_string())
+        let extras = TemplateExtras::default();
+        self.render_with(messages, add_generation_prompt, &extras, |c| c.to_string())
     }
 
     /// Renders `messages` and reports which bytes of the output came from message content.
@@ -112,16 +132,17 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        extras: &TemplateExtras,
     ) -> Result<RenderedPrompt, InferError> {
         let clean = |c: &str| -> String {
             c.chars()
                 .filter(|&ch| ch != CONTENT_OPEN && ch != CONTENT_CLOSE)
                 .collect()
         };
-        let marked = self.render_with(messages, add_generation_prompt, |c| {
+        let marked = self.render_with(messages, add_generation_prompt, extras, |c| {
             format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", clean(c))
         })?;
-        let plain = self.render_with(messages, add_generation_prompt, clean)?;
+        let plain = self.render_with(messages, add_generation_prompt, extras, clean)?;
         let (text, spans) = strip_markers(&marked);
         if text == plain {
             return Ok(RenderedPrompt {
@@ -155,30 +176,76 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        extras: &TemplateExtras,
         content: impl Fn(&str) -> String,
     ) -> Result<String, InferError> {
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| {
-                Value::from_iter([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(content(&m.content))),
-                ])
-            })
+            .map(|m| message_value(m, &content))
             .collect();
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| InferError::internal(format!("chat template missing: {e}")))?;
+        let base = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        let tools = extras
+            .tools
+            .as_ref()
+            .map(Value::from_serialize)
+            .unwrap_or(Value::UNDEFINED);
+        let kwargs = Value::from_serialize(&extras.kwargs);
+        // The daemon's own variables win over chat_template_kwargs (validation refuses
+        // those names anyway).
         template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token.as_str(),
-                eos_token => self.eos_token.as_str(),
-            })
+            .render(minijinja::value::merge_maps([
+                context! { tools => tools },
+                base,
+                kwargs,
+            ]))
             .map_err(template_error)
     }
+}
+
+/// One message as templates expect it (transformers' dict): `role`, `content` (`none`
+/// for an assistant turn that only calls tools), and when present `tool_calls` (OpenAI
+/// shape, `arguments` parsed into an object when it is JSON, as vLLM hands them to
+/// templates), `tool_call_id` and `name`.
+fn message_value(m: &ChatMessage, content: &impl Fn(&str) -> String) -> Value {
+    let mut fields: Vec<(&str, Value)> = vec![("role", Value::from(m.role.as_str()))];
+    let text = if m.content.is_empty() && !m.tool_calls.is_empty() {
+        Value::from(())
+    } else {
+        Value::from(content(&m.content))
+    };
+    fields.push(("content", text));
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<serde_json::Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                serde_json::json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": args},
+                })
+            })
+            .collect();
+        fields.push(("tool_calls", Value::from_serialize(&calls)));
+    }
+    if let Some(id) = &m.tool_call_id {
+        fields.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &m.name {
+        fields.push(("name", Value::from(name.as_str())));
+    }
+    Value::from_iter(fields)
 }
 
 /// Removes the content markers from a marked rendering; returns the text and the byte ranges
@@ -476,10 +543,7 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.to_string(),
-            content: content.to_string(),
-        }
+        ChatMessage::new(role, content)
     }
 
     #[test]
@@ -580,7 +644,11 @@ mod tests {
         )
         .expect("compiles");
         let r = t
-            .render_marked(&[msg("user", "x<|im_end|>\u{FDD0}y")], true)
+            .render_marked(
+                &[msg("user", "x<|im_end|>\u{FDD0}y")],
+                true,
+                &TemplateExtras::default(),
+            )
             .expect("renders");
         assert_eq!(r.text, "<|im_start|>user\nx<|im_end|>y<|im_end|>\n");
         let span = 17..29;
@@ -597,7 +665,11 @@ mod tests {
         )
         .expect("compiles");
         let r = t
-            .render_marked(&[msg("user", "  <|im_end|> ")], true)
+            .render_marked(
+                &[msg("user", "  <|im_end|> ")],
+                true,
+                &TemplateExtras::default(),
+            )
             .expect("renders");
         assert_eq!(r.text, "<|im_start|><|im_end|><|im_end|>");
         let span = 12..22;

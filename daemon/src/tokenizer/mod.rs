@@ -12,6 +12,7 @@
 //! special-token text typed inside message content stays plain text.
 
 pub mod actor;
+mod chat;
 pub mod chat_template;
 pub mod gguf;
 pub mod hf;
@@ -19,6 +20,7 @@ pub mod hf_config;
 mod hf_decode;
 pub mod special;
 pub mod spm;
+pub mod tool_prompt;
 
 #[cfg(test)]
 mod tests;
@@ -35,11 +37,9 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 
-use crate::error::InferError;
-use crate::request::ChatMessage;
-
 pub use actor::TokenizerActor;
-pub use chat_template::{ChatTemplate, RenderedPrompt};
+pub use chat::ChatPrompt;
+pub use chat_template::{ChatTemplate, RenderedPrompt, TemplateExtras};
 pub use gguf::PreTokenizerKind;
 pub use hf_config::GenerationDefaults;
 pub use special::TokenType;
@@ -502,37 +502,6 @@ impl TextTokenizer {
         if let (true, Some(eos)) = (self.add_eos, self.eos) {
             ids.push(eos);
         }
-    }
-
-    /// Renders the chat template with `add_generation_prompt = true` and tokenizes the result:
-    /// template text parses special tokens, message content never does (see
-    /// [`ChatTemplate::render_marked`]). BOS is prepended only when [`Self::add_bos`] is true
-    /// and the prompt does not already start with it; EOS is appended when [`Self::add_eos`].
-    ///
-    /// Returns the rendered prompt (without BOS text) and its token ids.
-    ///
-    /// # Errors
-    /// `validation` when the model has no chat template or the template fails (the template's
-    /// own message for `raise_exception`); `internal` when encoding fails.
-    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), InferError> {
-        let custom = self.template_override.read().ok().and_then(|g| g.clone());
-        let template = custom
-            .as_deref()
-            .or(self.chat_template.as_ref())
-            .ok_or_else(|| {
-                InferError::validation(
-                    "this model has no chat template (GGUF `tokenizer.chat_template`, or \
-                 chat_template.jinja / `chat_template` in tokenizer_config.json): send a raw \
-                 prompt (`prompt`, or /v1/completions), or give the daemon a Jinja template \
-                 file with model.chat_template",
-                )
-            })?;
-        let rendered = template.render_marked(messages, true)?;
-        let mut ids = self
-            .encode_with_plain_spans(&rendered.text, true, &rendered.content_spans)
-            .map_err(|e| InferError::internal(e.to_string()))?;
-        self.add_special_ids(&mut ids);
-        Ok((rendered.text, ids))
     }
 
     /// The model's own chat template, if it has one.

@@ -1,6 +1,8 @@
 //! Tests against llama.cpp's tokenization of the default model and transformers' chat
 //! renderings of the tiny models (`../shared/fixtures`).
 
+use crate::error::InferError;
+use crate::request::ChatMessage;
 use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -38,6 +40,7 @@ pub(super) fn messages(v: &Json) -> Vec<ChatMessage> {
         .map(|m| ChatMessage {
             role: m["role"].as_str().expect("role").to_string(),
             content: m["content"].as_str().expect("content").to_string(),
+            ..Default::default()
         })
         .collect()
 }
@@ -180,6 +183,7 @@ fn special_text_in_user_content_is_plain() {
     let msgs = [ChatMessage {
         role: "user".to_string(),
         content: content.to_string(),
+        ..Default::default()
     }];
     let (prompt, got) = t.encode_chat(&msgs).expect("encode_chat");
     let before = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
@@ -215,6 +219,7 @@ fn content_and_template_share_bpe_fragments_like_llama_cpp() {
     let msgs = [ChatMessage {
         role: "user".to_string(),
         content: "  spaces  and\n\nnewlines 123 ".to_string(),
+        ..Default::default()
     }];
     let (prompt, got) = t.encode_chat(&msgs).expect("encode_chat");
     assert_eq!(got, t.encode(&prompt, true).expect("encode"));

@@ -6,6 +6,7 @@
 //! `<workspace>/../shared/models/gemma-3-270m-q4_k_m.gguf`. When it is in none of them each
 //! test prints a note and passes without checking anything.
 
+use crate::request::ChatMessage;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -185,6 +186,7 @@ fn gemma3_chat_content_stays_plain_text() {
     let msgs = [ChatMessage {
         role: "user".to_string(),
         content: content.to_string(),
+        ..Default::default()
     }];
     let (prompt, got) = t.encode_chat(&msgs).expect("encode_chat");
     assert_eq!(

@@ -1,6 +1,7 @@
 //! Hugging Face directory tokenizers against transformers' outputs for the tiny models
 //! (`../shared/fixtures/tiny-models/*/reference.json`), and the errors for bad files.
 
+use crate::request::ChatMessage;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
@@ -97,6 +98,7 @@ fn special_text_in_hf_chat_content_is_plain() {
     let msgs = [ChatMessage {
         role: "user".to_string(),
         content: content.to_string(),
+        ..Default::default()
     }];
     let (rendered, got) = t.encode_chat(&msgs).expect("chat");
     assert!(rendered.contains(content));
@@ -484,6 +486,7 @@ fn fragments_encode_like_the_whole_string() {
     let msgs = [ChatMessage {
         role: "user".to_string(),
         content: "ab<s>".to_string(),
+        ..Default::default()
     }];
     // BOS once, from the template; "<s>" typed in content is text, not token 0. Its
     // characters have no tokens (and no byte tokens here), so `tokenizers` drops them.

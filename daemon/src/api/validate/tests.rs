@@ -176,8 +176,8 @@ fn unknown_fields_are_rejected_everywhere() {
         "unknown field \"skip\" in detokenize message",
     );
     invalid(
-        json!({"type": "generate", "id": "r1", "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
-        "unknown field \"name\" in messages[0]",
+        json!({"type": "generate", "id": "r1", "messages": [{"role": "user", "content": "x", "nam": "bob"}]}),
+        "unknown field \"nam\" in messages[0]",
     );
     invalid(
         json!({"type": "generate", "id": "r1", "messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]}),
@@ -248,11 +248,13 @@ fn messages_rules() {
         PromptInput::Messages(vec![
             ChatMessage {
                 role: "system".into(),
-                content: "Be brief.".into()
+                content: "Be brief.".into(),
+                ..Default::default()
             },
             ChatMessage {
                 role: "user".into(),
-                content: String::new()
+                content: String::new(),
+                ..Default::default()
             },
         ])
     );
@@ -300,14 +302,16 @@ fn content_parts_are_concatenated() {
         ]}]))),
         PromptInput::Messages(vec![ChatMessage {
             role: "user".into(),
-            content: "Hello, world".into()
+            content: "Hello, world".into(),
+            ..Default::default()
         }])
     );
     assert_eq!(
         input(chat(json!([{"role": "user", "content": []}]))),
         PromptInput::Messages(vec![ChatMessage {
             role: "user".into(),
-            content: String::new()
+            content: String::new(),
+            ..Default::default()
         }])
     );
 }
@@ -404,7 +408,8 @@ fn full_generate_example() {
             client_id: "r1".into(),
             input: PromptInput::Messages(vec![ChatMessage {
                 role: "user".into(),
-                content: "What is 2+2?".into()
+                content: "What is 2+2?".into(),
+                ..Default::default()
             }]),
             sampling: SamplingParams {
                 temperature: 0.7,
@@ -418,6 +423,8 @@ fn full_generate_example() {
             },
             plugins: vec![],
             cache: crate::request::CacheOptions::default(),
+            tools: None,
+            template_kwargs: Default::default(),
         }))
     );
 }
