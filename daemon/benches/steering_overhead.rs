@@ -89,6 +89,10 @@ struct Row {
     logprobs_us: f64,
     mask_us: f64,
     mask_steps: usize,
+    /// Step time with the mask prepared ahead (what stays on the critical path).
+    prepared_path_us: f64,
+    /// Time of one mask prepared ahead (overlapped with the forward pass).
+    prepare_us: f64,
 }
 
 fn measure(tok: &TextTokenizer) -> Row {
@@ -129,17 +133,52 @@ fn measure(tok: &TextTokenizer) -> Row {
     };
     let logprobs = time_chain(SamplerChain::new(&lp, eog), vocab, steps, 0);
     // The constraint: greedy over random logits among the allowed tokens until the
-    // grammar ends (the schema bounds its length).
-    let mut chain = SamplerChain::new(&greedy(), eog);
+    // grammar ends (the schema bounds its length); first with the mask computed inside
+    // the step, then prepared ahead as the scheduler does while the runner computes.
+    let (times, _) = constrained_steps(tok, constraint, false);
+    let again = compiler
+        .compile(&spec, tok.eog_token_ids())
+        .expect("compile");
+    let (path, prepared) = constrained_steps(tok, again, true);
+    Row {
+        vocab,
+        trie_ms,
+        compile_ms,
+        bare_us: bare,
+        penalties_us: penalties,
+        bias_us: bias,
+        logprobs_us: logprobs,
+        mask_steps: times.len(),
+        mask_us: median(times),
+        prepared_path_us: median(path),
+        prepare_us: median(prepared),
+    }
+}
+
+/// Steps a JSON-schema-constrained greedy chain over random logits to the grammar's
+/// end; returns the time of each step (sample + accept) and, with `prepare`, of each
+/// mask computed ahead of its step.
+fn constrained_steps(
+    tok: &TextTokenizer,
+    constraint: inferd::sampling::constraint::Constraint,
+    prepare: bool,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let vocab = tok.vocab_size();
+    let mut chain = SamplerChain::new(&greedy(), tok.eog_token_ids());
     chain.set_constraint(constraint);
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let mut times = Vec::new();
+    let (mut times, mut prepared) = (Vec::new(), Vec::new());
     let mut generated = Vec::new();
     let mut logits = vec![0.0f32; vocab];
     while times.len() < 400 {
         logits
             .iter_mut()
             .for_each(|l| *l = rng.random_range(-10.0..10.0));
+        if prepare {
+            let start = Instant::now();
+            chain.prepare();
+            prepared.push(start.elapsed());
+        }
         let start = Instant::now();
         let ctx = StepContext {
             sequence_id: 1,
@@ -154,17 +193,7 @@ fn measure(tok: &TextTokenizer) -> Row {
             break;
         }
     }
-    Row {
-        vocab,
-        trie_ms,
-        compile_ms,
-        bare_us: bare,
-        penalties_us: penalties,
-        bias_us: bias,
-        logprobs_us: logprobs,
-        mask_steps: times.len(),
-        mask_us: median(times),
-    }
+    (times, prepared)
 }
 
 fn main() {
@@ -179,12 +208,12 @@ fn main() {
         }
     }
     println!(
-        "| vocabulary | trie build ms | schema compile ms | bare step µs | + penalties µs | + logit_bias (100) µs | + logprobs (20) µs | + JSON-schema mask µs (steps) |"
+        "| vocabulary | trie build ms | schema compile ms | bare step µs | + penalties µs | + logit_bias (100) µs | + logprobs (20) µs | + JSON-schema mask µs (steps) | mask prepared ahead: step µs / prepare µs |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (_, r) in &rows {
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} ({}) |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} ({}) | {:.0} / {:.0} |",
             r.vocab,
             r.trie_ms,
             r.compile_ms,
@@ -193,7 +222,9 @@ fn main() {
             r.bias_us,
             r.logprobs_us,
             r.mask_us,
-            r.mask_steps
+            r.mask_steps,
+            r.prepared_path_us,
+            r.prepare_us
         );
     }
     let json = json!(rows
@@ -209,6 +240,8 @@ fn main() {
                 "logit_bias_100": r.bias_us,
                 "logprobs_20": r.logprobs_us,
                 "json_schema_mask": r.mask_us,
+                "json_schema_prepared_step": r.prepared_path_us,
+                "json_schema_prepare": r.prepare_us,
             },
             "json_schema_steps": r.mask_steps,
         }))

@@ -412,7 +412,17 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             "{needle:?} not in {}",
             r.body
         );
-        assert!(body["error"]["type"].is_string() && body["error"]["param"].is_null());
+        assert!(body["error"]["type"].is_string());
+        // `param` names the field the message starts with, else null.
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        match (*needle, body["error"]["param"].as_str()) {
+            ("presence_penalty must be in [-2, 2] (got 2.5)", p) => {
+                assert_eq!(p, Some("presence_penalty"))
+            }
+            ("messages", p) => assert_eq!(p, Some("messages")),
+            (_, Some(p)) => assert!(message.starts_with(p), "{p} / {message}"),
+            (_, None) => {}
+        }
     }
     let delete = d.http("DELETE", "/v1/models", &[], None).expect("http");
     assert_eq!(

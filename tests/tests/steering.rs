@@ -291,7 +291,7 @@ async fn bad_steering_values_are_refused_on_both_edges() {
         (
             "logit_bias",
             json!({"x1": 1}),
-            "logit_bias keys must be token ids, integers written as strings (got key \"x1\")",
+            "logit_bias keys must be token ids, integers written as strings without leading zeros (got key \"x1\")",
         ),
         (
             "logit_bias",

@@ -80,6 +80,32 @@ const PART_FIELDS: &[&str] = &["type", "text"];
 
 type VResult<T> = Result<T, InferError>;
 
+/// Whether `name` is a field of a `generate` (either edge's spelling) — for naming the
+/// field of an error (OpenAI's `param`).
+pub fn is_request_field(name: &str) -> bool {
+    const HTTP_ONLY: &[&str] = &[
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "user",
+        "max_completion_tokens",
+        "echo",
+        "suffix",
+        "best_of",
+    ];
+    name != "type"
+        && name != "id"
+        && [
+            GENERATE_FIELDS,
+            STEERING_FIELDS,
+            tools::TOOL_FIELDS,
+            HTTP_ONLY,
+        ]
+        .iter()
+        .any(|l| l.contains(&name))
+}
+
 /// Parses and validates one client text frame.
 ///
 /// `defaults` fill the sampling fields a `generate` leaves out; an absent `seed` is

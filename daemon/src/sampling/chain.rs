@@ -104,6 +104,16 @@ impl SamplerChain {
         }
     }
 
+    /// Computes the constraint's next mask ahead of [`Self::step`] (see
+    /// [`Constraint::prepare`]); nothing without a constraint or while it is held back.
+    pub fn prepare(&mut self) {
+        if let Some(c) = self.constraint.as_mut() {
+            if self.gate.as_ref().is_none_or(ReasoningGate::masks) {
+                c.prepare();
+            }
+        }
+    }
+
     /// Whether the chain has any processor or sampler plugin (a bare chain only draws).
     pub fn is_bare(&self) -> bool {
         self.native.is_empty() && self.plugins.is_none() && self.constraint.is_none()

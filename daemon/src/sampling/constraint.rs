@@ -211,6 +211,8 @@ impl GrammarCompiler {
             ended_after_stop: false,
             mask_time: Duration::ZERO,
             steps: 0,
+            ready: None,
+            late: 0,
         })
     }
 }
@@ -254,6 +256,11 @@ pub struct Constraint {
     ended_after_stop: bool,
     mask_time: Duration,
     steps: u64,
+    /// The mask for the matcher's current state, computed ahead by [`Self::prepare`]
+    /// (while the forward pass runs); dropped by `accept` and `rollback`.
+    ready: Option<llguidance::toktrie::SimpleVob>,
+    /// Masks computed on the critical path (in `apply`, nothing prepared).
+    late: u64,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -273,6 +280,22 @@ impl Constraint {
             .unwrap_or_default()
     }
 
+    /// How many masks `apply` had to compute itself (none was prepared).
+    pub fn late_masks(&self) -> u64 {
+        self.late
+    }
+
+    /// Computes the next step's mask now, off the critical path: the scheduler calls it
+    /// while the model runner computes the logits, and `apply` then only applies it.
+    /// A failure is left for `apply` to report.
+    pub fn prepare(&mut self) {
+        if self.ready.is_none() {
+            let start = Instant::now();
+            self.ready = self.matcher.compute_mask_or_eos().ok();
+            self.mask_time += start.elapsed();
+        }
+    }
+
     fn error(&self, what: &str, e: impl std::fmt::Display) -> InferError {
         InferError::internal(format!("constraint: {what}: {e}"))
     }
@@ -285,10 +308,15 @@ impl LogitsProcessor for Constraint {
 
     fn apply(&mut self, _ctx: &StepContext<'_>, logits: &mut [f32]) -> Result<(), InferError> {
         let start = Instant::now();
-        let mask = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| self.error("mask", e))?;
+        let mask = match self.ready.take() {
+            Some(m) => m,
+            None => {
+                self.late += 1;
+                self.matcher
+                    .compute_mask_or_eos()
+                    .map_err(|e| self.error("mask", e))?
+            }
+        };
         self.saved.clear();
         self.saved.extend(
             self.eog
@@ -324,6 +352,7 @@ impl LogitsProcessor for Constraint {
     }
 
     fn accept(&mut self, token: u32) -> Result<(), InferError> {
+        self.ready = None;
         if self.eog.contains(&token) && self.matcher.is_stopped() {
             // The grammar is complete and has no EOS of its own to take: the end of
             // generation is recorded here (for rollback) and not fed to it.
@@ -342,6 +371,7 @@ impl LogitsProcessor for Constraint {
     }
 
     fn rollback(&mut self, n: usize) {
+        self.ready = None;
         let mut n = n;
         if n > 0 && std::mem::take(&mut self.ended_after_stop) {
             n -= 1;
@@ -401,6 +431,34 @@ mod tests {
     }
 
     /// `min_tokens` bans the end of turn; a complete grammar still ends it.
+    #[test]
+    fn prepared_masks_are_used_once_and_dropped_by_accept_and_rollback() {
+        let (comp, eos) = compiler();
+        let mut c = comp
+            .compile(&ConstraintSpec::Regex("ab|ac".into()), &[eos])
+            .expect("compile");
+        c.prepare();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'a')]);
+        assert_eq!(c.late_masks(), 0, "the prepared mask was applied");
+        c.accept(u32::from(b'a')).expect("a");
+        c.prepare();
+        c.prepare();
+        assert_eq!(allowed(&mut c), vec![u32::from(b'b'), u32::from(b'c')]);
+        assert_eq!(c.late_masks(), 0);
+        c.prepare();
+        c.rollback(1);
+        assert_eq!(allowed(&mut c), vec![u32::from(b'a')], "stale mask dropped");
+        assert_eq!(c.late_masks(), 1);
+        c.prepare();
+        c.accept(u32::from(b'a')).expect("a");
+        assert_eq!(allowed(&mut c), vec![u32::from(b'b'), u32::from(b'c')]);
+        assert_eq!(
+            c.late_masks(),
+            2,
+            "a mask prepared before accept is not reused"
+        );
+    }
+
     #[test]
     fn a_complete_grammar_ends_the_turn_despite_a_ban() {
         let (comp, eos) = compiler();

@@ -72,6 +72,11 @@ impl ReasoningGate {
         }
     }
 
+    /// Whether the next [`Self::apply`] runs the constraint's mask.
+    pub fn masks(&self) -> bool {
+        matches!(self.state, State::Open | State::Detect { matched: 0 })
+    }
+
     /// Pieces that continue `<think>` after `matched` bytes.
     fn continuations(&self, matched: usize) -> impl Iterator<Item = &(u32, Vec<u8>)> {
         let rest = &THINK_OPEN.as_bytes()[matched..];

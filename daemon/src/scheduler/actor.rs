@@ -241,6 +241,12 @@ impl SchedulerActor {
         }
         self.step_in_flight = true;
         self.step_since = Some(Instant::now());
+        let sampling: Vec<SeqId> = batch
+            .items
+            .iter()
+            .filter(|i| i.want_logits)
+            .map(|i| i.seq)
+            .collect();
         let fut = self
             .runner
             .send(batch)
@@ -257,6 +263,13 @@ impl SchedulerActor {
                 act.step(ctx);
             });
         ctx.spawn(fut);
+        // The runner computes on its own thread: prepare what sampling needs that does
+        // not depend on the logits (structured-output masks) meanwhile.
+        for id in sampling {
+            if let Some(seq) = self.scheduler.running_mut(id) {
+                seq.prepare_sample();
+            }
+        }
     }
 
     /// Samples, detokenizes and streams the results of one step.

@@ -262,6 +262,12 @@ impl Sequence {
         self.chain.step(&ctx, logits)
     }
 
+    /// Work for the next [`Self::sample`] that does not need its logits (the
+    /// constraint's mask), done while the model runner computes them.
+    pub fn prepare_sample(&mut self) {
+        self.chain.prepare();
+    }
+
     /// Records the sampled token (whose raw bytes are `bytes`; `is_eog` for an
     /// end-of-generation token), tells the sampling chain, streams any releasable text,
     /// and decides whether generation ends.

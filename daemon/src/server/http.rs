@@ -61,10 +61,11 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
 /// An error in OpenAI's shape; `code` is inferd's error tag (`validation`, ...) or an
 /// HTTP-level code (`invalid_api_key`, `not_found`, ...).
 pub fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<Body> {
+    let param = error_param(message);
     let mut r = json(
         status,
         &serde_json::json!({
-            "error": { "message": message, "type": kind, "param": null, "code": code }
+            "error": { "message": message, "type": kind, "param": param, "code": code }
         }),
     );
     if status == StatusCode::UNAUTHORIZED {
@@ -72,6 +73,19 @@ pub fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Respo
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     r
+}
+
+/// OpenAI's `param`: the request field a validation message is about. Messages name
+/// it first (`tools[0].function.name must be …`, `logit_bias key "7" must …`,
+/// `response_format.json_schema.schema: …`); `None` when the first word is not a path
+/// into a known request field.
+pub fn error_param(message: &str) -> Option<&str> {
+    let word = message.split_whitespace().next()?.trim_end_matches(':');
+    let root = word.split(['.', '[']).next()?;
+    let path_chars = word
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '"'));
+    (path_chars && crate::api::validate::is_request_field(root)).then_some(word)
 }
 
 /// The HTTP status and OpenAI error `type` of a request error.
@@ -334,4 +348,28 @@ fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) ->
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_param;
+
+    #[test]
+    fn param_is_the_field_a_message_starts_with() {
+        assert_eq!(
+            error_param("tools[0].function.name must be 1 to 64 characters"),
+            Some("tools[0].function.name")
+        );
+        assert_eq!(
+            error_param("response_format.json_schema.schema: keyword \"x\""),
+            Some("response_format.json_schema.schema")
+        );
+        assert_eq!(
+            error_param("presence_penalty must be in [-2, 2]"),
+            Some("presence_penalty")
+        );
+        assert_eq!(error_param("malformed JSON in the request body"), None);
+        assert_eq!(error_param("the request body must be a JSON object"), None);
+        assert_eq!(error_param("id must be a string"), None);
+    }
 }

@@ -357,12 +357,13 @@ fn translate(
                 }
                 // Token ids (validated as such by the generate parser).
                 Some(Value::Array(a)) if a.iter().all(Value::is_number) => Value::Array(a.clone()),
-                Some(Value::Array(_)) => {
-                    return Err(invalid(
+                Some(Value::Array(a)) => {
+                    return Err(invalid(format!(
                         "prompt must be a string, an array of token ids, or an array of one \
-                         of those (batches of prompts are not supported)"
-                            .into(),
-                    ))
+                         of those (batches of prompts are not supported; got an array of {} \
+                         items)",
+                        a.len()
+                    )))
                 }
                 Some(v) => v.clone(),
                 None => Value::Null,

@@ -206,10 +206,12 @@ fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
     for (key, bias) in map {
         let field = format!("logit_bias[{}]", quote_str(key));
         let id = match key.parse::<u64>() {
-            Ok(id) if key.bytes().all(|b| b.is_ascii_digit()) => id,
+            // Canonical decimal only: "060" and "60" would be the same token.
+            Ok(id) if key.bytes().all(|b| b.is_ascii_digit()) && id.to_string() == *key => id,
             _ => {
                 return Err(InferError::validation(format!(
-                    "logit_bias keys must be token ids, integers written as strings (got key {})",
+                    "logit_bias keys must be token ids, integers written as strings without \
+                     leading zeros (got key {})",
                     quote_str(key)
                 )))
             }

@@ -1132,11 +1132,15 @@ fn logit_bias_rules() {
     );
     invalid(
         generate(json!({"logit_bias": {"hello": 1}})),
-        "logit_bias keys must be token ids, integers written as strings (got key \"hello\")",
+        "logit_bias keys must be token ids, integers written as strings without leading zeros (got key \"hello\")",
     );
     invalid(
         generate(json!({"logit_bias": {"-1": 1}})),
         "(got key \"-1\")",
+    );
+    invalid(
+        generate(json!({"logit_bias": {"060": 1}})),
+        "without leading zeros (got key \"060\")",
     );
     invalid(
         generate(json!({"logit_bias": {"1.5": 1}})),
