@@ -108,6 +108,72 @@ mod tests {
         );
     }
 
+    /// Feeds `text` byte by byte (a byte-level vocabulary, id = byte, 256 = end of
+    /// turn) through the compiled grammar: whether every byte was allowed and the turn
+    /// may end after it.
+    fn accepts(lark: String, text: &str) -> bool {
+        use crate::sampling::constraint::GrammarCompiler;
+        use crate::sampling::{LogitsProcessor, StepContext};
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"\xFF<|end|>".to_vec());
+        let Ok(comp) = GrammarCompiler::new(&words, 256) else {
+            return false;
+        };
+        let Ok(mut c) = comp.compile_tool_calls(lark, &[256]) else {
+            return false;
+        };
+        let ctx = StepContext {
+            sequence_id: 1,
+            prompt: &[],
+            generated: &[],
+        };
+        for b in text.bytes().map(u32::from).chain([256]) {
+            let mut logits = vec![0.0f32; 257];
+            if c.apply(&ctx, &mut logits).is_err() || logits[b as usize] != 0.0 {
+                return false;
+            }
+            if c.accept(b).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn grammars_admit_exactly_the_calls_of_each_format() {
+        let w = tool(
+            "get_weather",
+            json!({"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": false}),
+        );
+        let t = tool("get_time", json!({"type": "object", "properties": {}}));
+        let both = [(0, &w), (1, &t)];
+        let g = |f, parallel| tool_call_grammar(f, &both, parallel, None).unwrap_or_default();
+        let hermes = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        assert!(accepts(g(ToolFormat::Hermes, false), hermes));
+        let two = format!(
+            "{hermes}\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
+        );
+        assert!(accepts(g(ToolFormat::Hermes, true), &two));
+        assert!(
+            !accepts(g(ToolFormat::Hermes, false), &two),
+            "one call only"
+        );
+        assert!(!accepts(
+            g(ToolFormat::Hermes, false),
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n</tool_call>"
+        ), "arguments follow the schema");
+        assert!(!accepts(g(ToolFormat::Hermes, false), "Sure! <tool_call>"));
+        assert!(accepts(
+            g(ToolFormat::Llama3Json, true),
+            "{\"name\": \"get_time\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"x\"}}"
+        ));
+        assert!(accepts(
+            g(ToolFormat::MistralV3, true),
+            "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]"
+        ));
+    }
+
     #[test]
     fn mistral_uses_the_control_token() {
         let a = tool("a", json!({}));
