@@ -325,14 +325,19 @@ impl LogitsProcessor for Constraint {
         );
         let words = mask.as_slice();
         for (i, chunk) in logits.chunks_mut(32).enumerate() {
-            let w = words.get(i).copied().unwrap_or(0);
-            if w == u32::MAX && chunk.len() == 32 {
+            // Most words of a grammar's mask are all-banned or all-allowed: fill or
+            // skip them whole, and visit only the banned bits of the rest.
+            let mut banned = !words.get(i).copied().unwrap_or(0);
+            if banned == u32::MAX {
+                chunk.fill(f32::NEG_INFINITY);
                 continue;
             }
-            for (b, l) in chunk.iter_mut().enumerate() {
-                if (w >> b) & 1 == 0 {
+            while banned != 0 {
+                let b = banned.trailing_zeros() as usize;
+                if let Some(l) = chunk.get_mut(b) {
                     *l = f32::NEG_INFINITY;
                 }
+                banned &= banned - 1;
             }
         }
         if mask.is_allowed(self.eos) {
