@@ -265,8 +265,8 @@ impl SchedulerActor {
             if self.scheduler.running_mut(item.seq).is_none() {
                 continue;
             }
-            let logits = match item.logits {
-                Ok(l) => l,
+            let mut rows = match item.logits {
+                Ok(rows) => rows,
                 Err(e) => {
                     if let Some(s) = self.scheduler.remove_running(item.seq) {
                         self.fail(s, e);
@@ -281,7 +281,7 @@ impl SchedulerActor {
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
-            let Some(mut logits) = logits else {
+            let Some(mut logits) = rows.pop() else {
                 if let Some(s) = self.scheduler.remove_running(item.seq) {
                     self.fail(
                         s,

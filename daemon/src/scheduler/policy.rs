@@ -450,7 +450,7 @@ impl Scheduler {
                 tokens: s.pending_tokens(s.in_flight),
                 start_pos: s.computed,
                 block_table: self.blocks.table(s.id).to_vec(),
-                want_logits: s.computed + s.in_flight == s.total_len(),
+                logit_rows: usize::from(s.computed + s.in_flight == s.total_len()),
                 prompt_len: s.prompt.len(),
                 persist,
             });
@@ -459,7 +459,14 @@ impl Scheduler {
             self.steps += 1;
         }
         let loads = std::mem::take(&mut self.loads);
-        (RunBatch { items, loads }, admitted)
+        (
+            RunBatch {
+                items,
+                loads,
+                copies: Vec::new(),
+            },
+            admitted,
+        )
     }
 
     /// For the head of the queue: the cached memory blocks its prefix can start with,

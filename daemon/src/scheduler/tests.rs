@@ -440,7 +440,7 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
         (item.seq, item.start_pos, item.tokens.len()),
         (SeqId(2), 0, 13)
     );
-    assert!(item.want_logits);
+    assert_eq!(item.logit_rows, 1);
     assert_eq!(&item.tokens[8..], &[500, 501, 501, 501, 502]);
     complete_step(&mut s, &[2], 504);
     let (b, _) = s.schedule();
