@@ -58,6 +58,7 @@ fn request(
         received_at: Instant::now(),
         cache: Default::default(),
         disk_hit: None,
+        forks: Vec::new(),
     };
     (req, rx, cancel)
 }
@@ -197,6 +198,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
         received_at: Instant::now(),
         cache: Default::default(),
         disk_hit: None,
+        forks: Vec::new(),
     };
     s.submit(req).expect("submit");
     s.schedule();

@@ -88,6 +88,21 @@ impl TokenizerActor {
         Ok(chain)
     }
 
+    /// The chains of choices `1..n` of a request with `n` choices, each seeded with its
+    /// choice's seed ([`SamplingParams::choice_seed`]) and with its own compiled
+    /// constraint (a grammar's state follows one sequence).
+    fn fork_chains(&self, params: &SamplingParams) -> Result<Vec<SamplerChain>, InferError> {
+        (1..params.n)
+            .map(|i| {
+                let seeded = SamplingParams {
+                    seed: params.choice_seed(i),
+                    ..params.clone()
+                };
+                self.chain(&seeded)
+            })
+            .collect()
+    }
+
     /// Prompt ids for `input`: the chat template for messages, raw text otherwise
     /// (special-token text in a raw prompt stays plain text). BOS / EOS are added as the
     /// model asks (`TextTokenizer::add_bos`, `TextTokenizer::add_eos`), BOS not doubled.
@@ -111,11 +126,12 @@ impl Handler<Prepare> for TokenizerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        let prepared = self
-            .prompt_ids(&msg.request.input)
-            .and_then(|p| Ok((p, self.chain(&msg.request.sampling)?)));
+        let prepared = self.prompt_ids(&msg.request.input).and_then(|p| {
+            let chain = self.chain(&msg.request.sampling)?;
+            Ok((p, chain, self.fork_chains(&msg.request.sampling)?))
+        });
         match prepared {
-            Ok((prompt, chain)) => {
+            Ok((prompt, chain, forks)) => {
                 let req = TokenizedRequest {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
@@ -127,6 +143,7 @@ impl Handler<Prepare> for TokenizerActor {
                     received_at: msg.received_at,
                     cache: msg.request.cache,
                     disk_hit: None,
+                    forks,
                 };
                 if msg.request.plugins.is_empty() {
                     self.scheduler.do_send(Submit(req));
