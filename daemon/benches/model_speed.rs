@@ -99,18 +99,18 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
                 tokens: next[i].clone(),
                 start_pos: pos[i],
                 block_table: tables[i].clone(),
-                want_logits: true,
+                logit_rows: 1,
                 prompt_len: 32,
                 persist: Vec::new(),
             })
             .collect();
         let out = runner.run(RunBatch {
             items,
-            loads: Vec::new(),
+            ..RunBatch::default()
         });
         for (i, item) in out.items.into_iter().enumerate() {
             let logits = match item.logits {
-                Ok(Some(l)) => l,
+                Ok(mut rows) if !rows.is_empty() => rows.swap_remove(0),
                 other => panic!("forward failed: {other:?}"),
             };
             pos[i] += next[i].len();

@@ -3,8 +3,8 @@
 //!
 //! Per-request figures are recorded at the edge, by [`crate::server`]'s request tracker,
 //! from the events every request's stream carries (so WebSocket and HTTP requests count
-//! the same way). Engine-wide figures (running and waiting sequences, KV blocks, prefix
-//! cache hits) are read from the scheduler's [`EngineStats`] at scrape time.
+//! the same way). Engine-wide figures (running and waiting sequences, KV blocks, prefill
+//! work, prefix cache hits) are read from the scheduler's [`EngineStats`] at scrape time.
 //!
 //! Names follow Prometheus conventions (base units: seconds; `_total` for counters) and
 //! mirror vLLM's where one exists (`vllm:time_to_first_token_seconds` →
@@ -54,6 +54,7 @@ pub struct Metrics {
     kv_blocks_total: IntGauge,
     prefix_prompt_tokens: IntCounter,
     prefix_hit_tokens: IntCounterVec,
+    prefill_tokens: IntCounter,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -182,6 +183,13 @@ impl Metrics {
                     &["tier"],
                 )?,
             ),
+            prefill_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "prefill_tokens_total",
+                    "Prompt positions run through the model (cached ones not counted)",
+                )?,
+            ),
             registry: r,
         })
     }
@@ -197,6 +205,7 @@ impl Metrics {
             gauge(&self.kv_blocks_total, st.kv_blocks_total);
             // The engine's counters only grow: move ours up to them.
             let follow = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+            follow(&self.prefill_tokens, st.prompt_tokens_computed);
             let p = &st.prefix_cache;
             follow(&self.prefix_prompt_tokens, p.prompt_tokens);
             follow(
@@ -236,6 +245,7 @@ mod tests {
             waiting: 2,
             kv_blocks_used: 7,
             kv_blocks_total: 728,
+            prompt_tokens_computed: 40,
             ..EngineStats::default()
         };
         st.prefix_cache.prompt_tokens = 100;
@@ -250,6 +260,7 @@ mod tests {
             "inferd_kv_blocks_total 728",
             "inferd_prefix_cache_queried_tokens_total 100",
             "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 64",
+            "inferd_prefill_tokens_total 40",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

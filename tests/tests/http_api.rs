@@ -335,7 +335,12 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             "validation",
             "unknown field \"foo\"",
         ),
-        (chat(json!({"n": 3})), 400, "validation", "n must be 1"),
+        (
+            chat(json!({"n": 17})),
+            400,
+            "validation",
+            "n must be <= 16 (got 17)",
+        ),
         (
             chat(json!({"presence_penalty": 2.5})),
             400,

@@ -44,6 +44,8 @@ const GENERATE_FIELDS: &[&str] = &[
     "cache_salt",
     "logprobs",
     "top_logprobs",
+    "n",
+    "echo",
 ];
 /// The steering fields, the same on every edge (the OpenAI endpoints pass them through
 /// unchanged): validated in [`steering`].
@@ -311,6 +313,7 @@ fn parse_generate(
         (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
     };
     let sampling = parse_sampling(obj, defaults, vocab_size)?;
+    choices::check_echo_input(sampling.echo, !matches!(input, PromptInput::Messages(_)))?;
     let plugins = match optional(obj, "plugins") {
         None => Vec::new(),
         Some(v) => parse_plugins(v)?,
@@ -637,10 +640,11 @@ fn parse_sampling(
         None => rand::random::<u64>(),
         Some(v) => unsigned("seed", v, 0, u64::MAX, "")?,
     };
+    let (n, echo) = choices::parse_choices(obj)?;
     let max_tokens = match optional(obj, "max_tokens") {
         None => defaults.max_tokens,
         Some(v) => {
-            let n = unsigned("max_tokens", v, 1, MAX_MAX_TOKENS, "")?;
+            let n = choices::parse_max_tokens(v, echo, MAX_MAX_TOKENS)?;
             usize::try_from(n).unwrap_or(defaults.max_tokens)
         }
     };
@@ -657,6 +661,8 @@ fn parse_sampling(
         seed,
         max_tokens,
         stop,
+        n,
+        echo,
         ..steering
     })
 }
@@ -881,6 +887,7 @@ fn shorten(text: String) -> String {
     }
 }
 
+mod choices;
 mod steering;
 mod tools;
 

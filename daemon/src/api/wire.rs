@@ -117,7 +117,8 @@ fn finite(x: f64) -> f64 {
     }
 }
 
-/// The JSON text of a request's event: a `started`, `delta`, `done` or `error` frame.
+/// The JSON text of a request's event: a `started`, `echo`, `delta`, `done` or `error`
+/// frame (a choice's `delta` and `done` with its `index`).
 pub fn event_frame(id: &str, event: &StreamEvent) -> String {
     match event {
         StreamEvent::Started {
@@ -156,6 +157,12 @@ pub fn event_frame(id: &str, event: &StreamEvent) -> String {
             },
         }),
         StreamEvent::Error(error) => error_frame(Some(id), error),
+        StreamEvent::Echo {
+            text,
+            token_ids,
+            logprobs,
+        } => choices::echo_frame(id, text, token_ids, logprobs),
+        StreamEvent::Choice { index, event } => choices::choice_frame(id, *index, event),
     }
 }
 
@@ -204,6 +211,8 @@ pub fn plugins_frame(id: Option<&str>, plugins: &[PluginDescription]) -> String 
     })
     .to_string()
 }
+
+mod choices;
 
 #[cfg(test)]
 mod tests {

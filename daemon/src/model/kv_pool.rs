@@ -510,6 +510,43 @@ impl KvBlockPool {
         Ok(())
     }
 
+    /// Copies block `src`'s K and V over block `dst` in every layer (a sequence forked
+    /// from another takes its own copy of their shared, partly filled last block).
+    ///
+    /// # Errors
+    /// A block out of range, or a device error.
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> candle_core::Result<()> {
+        self.check_block(src)?;
+        self.check_block(dst)?;
+        if src == dst {
+            return Ok(());
+        }
+        let n = self.block_elems();
+        let (s, d) = (src as usize * n, dst as usize * n);
+        for layer in &mut self.layers {
+            match layer {
+                LayerStore::Host { k, v } => {
+                    k.copy_within(s..s + n, d);
+                    v.copy_within(s..s + n, d);
+                }
+                LayerStore::HostF32 { k, v } => {
+                    k.copy_within(s..s + n, d);
+                    v.copy_within(s..s + n, d);
+                }
+                LayerStore::Device { k, v } => {
+                    let bs = self.block_size;
+                    for t in [&*k, &*v] {
+                        // A copy of its own: `slice_set` refuses a source sharing the
+                        // destination's storage.
+                        let part = t.narrow(0, src as usize * bs, bs)?.copy()?;
+                        t.slice_set(&part, 0, dst as usize * bs)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_block(&self, block: u32) -> candle_core::Result<()> {
         if block as usize >= self.num_blocks {
             candle_core::bail!(
@@ -713,5 +750,12 @@ pub(super) mod tests {
         }
         assert!(host.read_block(6).is_err());
         assert!(host.write_block(0, &bytes[1..]).is_err());
+        // copy_block gives the same bytes as a read and a write, on both layouts.
+        for pool in [&mut host, &mut dev] {
+            pool.copy_block(1, 0).unwrap();
+            assert_eq!(pool.read_block(0).unwrap(), pool.read_block(1).unwrap());
+            assert!(pool.copy_block(1, 6).is_err());
+        }
+        assert_eq!(host.read_block(0).unwrap(), dev.read_block(1).unwrap());
     }
 }

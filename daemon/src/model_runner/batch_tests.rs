@@ -69,17 +69,17 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
                 tokens: next[i].clone(),
                 start_pos: pos[i],
                 block_table: tables[i].clone(),
-                want_logits: true,
+                logit_rows: 1,
                 prompt_len: prompts[i].len(),
                 persist: Vec::new(),
             })
             .collect();
         let step = runner.run(RunBatch {
             items,
-            loads: Vec::new(),
+            ..RunBatch::default()
         });
         for (i, item) in step.items.into_iter().enumerate() {
-            let l = item.logits.expect("forward").expect("logits");
+            let l = item.logits.expect("forward").pop().expect("logits");
             pos[i] += next[i].len();
             next[i] = vec![argmax(&l)];
             out[i].push(l);
@@ -131,7 +131,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 tokens: long[long_pos..long_pos + chunk].to_vec(),
                 start_pos: long_pos,
                 block_table: t_long.clone(),
-                want_logits: long_pos + chunk == long.len(),
+                logit_rows: usize::from(long_pos + chunk == long.len()),
                 prompt_len: long.len(),
                 persist: Vec::new(),
             },
@@ -140,7 +140,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 tokens: short_next.clone(),
                 start_pos: short_pos,
                 block_table: t_short.clone(),
-                want_logits: true,
+                logit_rows: 1,
                 prompt_len: short.len(),
                 persist: Vec::new(),
             },
@@ -148,11 +148,11 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
         let mut out = runner
             .run(RunBatch {
                 items,
-                loads: Vec::new(),
+                ..RunBatch::default()
             })
             .items
             .into_iter();
-        let l = out.next().expect("long").logits.expect("forward");
+        let l = out.next().expect("long").logits.expect("forward").pop();
         assert_eq!(
             l.is_some(),
             long_pos + chunk == long.len(),
@@ -164,6 +164,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
             .expect("short")
             .logits
             .expect("forward")
+            .pop()
             .expect("logits");
         long_pos += chunk;
         short_pos += short_next.len();
@@ -225,7 +226,7 @@ fn bad_block_tables_are_errors_not_panics() {
         tokens: vec![300; tokens],
         start_pos: 0,
         block_table: table,
-        want_logits: true,
+        logit_rows: 1,
         prompt_len: tokens,
         persist: Vec::new(),
     };
@@ -244,7 +245,7 @@ fn bad_block_tables_are_errors_not_panics() {
     ] {
         let out = runner.run(RunBatch {
             items: vec![item(tokens, table)],
-            loads: Vec::new(),
+            ..RunBatch::default()
         });
         let e = out.items[0].logits.as_ref().expect_err("must fail");
         assert!(e.message.contains(want), "{}", e.message);
@@ -310,5 +311,55 @@ fn host_path_equals_tensor_ops_path_bit_for_bit() {
                 row += usize::from(i != 1);
             }
         }
+    }
+}
+
+/// A chunked prefill that asks for every row (a scored prompt, `echo`) returns, for each
+/// position, the logits a one-token decode step at that position gives, bit for bit:
+/// the rows come back in position order, chunk by chunk, and under llama.cpp's tiled
+/// prefill threshold (64 rows) a prompt row and a decode row share their arithmetic.
+#[test]
+fn every_prompt_row_equals_the_decode_step_at_its_position() {
+    let model = load(MatrixPolicy::default());
+    let prompt = prompts()[3][..17].to_vec();
+    let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
+    let decoded: Vec<Vec<f32>> = prompt
+        .iter()
+        .map(|&t| {
+            model
+                .forward(&[t], &mut cache)
+                .and_then(|l| l.to_vec1::<f32>())
+                .expect("decode")
+        })
+        .collect();
+    let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 8, &Device::Cpu).expect("pool");
+    let mut runner = ModelRunner::new(model, pool);
+    let mut rows = Vec::new();
+    for (start, end) in [(0usize, 9usize), (9, 17)] {
+        let item = BatchItem {
+            seq: SeqId(1),
+            tokens: prompt[start..end].to_vec(),
+            start_pos: start,
+            block_table: vec![3, 5],
+            logit_rows: end - start,
+            prompt_len: prompt.len(),
+            persist: Vec::new(),
+        };
+        let out = runner.run(RunBatch {
+            items: vec![item],
+            ..RunBatch::default()
+        });
+        let got = out
+            .items
+            .into_iter()
+            .next()
+            .expect("item")
+            .logits
+            .expect("rows");
+        assert_eq!(got.len(), end - start);
+        rows.extend(got);
+    }
+    for (pos, (a, b)) in decoded.iter().zip(&rows).enumerate() {
+        assert_eq!(bits(a), bits(b), "position {pos}");
     }
 }

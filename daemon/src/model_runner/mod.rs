@@ -6,7 +6,7 @@ mod runner;
 
 pub use actor::ModelRunnerActor;
 pub use runner::{
-    BatchItem, BlockLoad, ItemOutput, ModelRunner, PersistBlock, RunBatch, StepOutput,
+    BatchItem, BlockCopy, BlockLoad, ItemOutput, ModelRunner, PersistBlock, RunBatch, StepOutput,
 };
 
 use candle_core::Device;

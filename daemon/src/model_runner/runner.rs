@@ -30,6 +30,17 @@ pub struct BlockLoad {
     pub kv: Vec<u8>,
 }
 
+/// A block to copy before the step's forward pass: a sequence forked from another (one
+/// of a request's `n` choices) gets its own copy of their partly filled last prompt
+/// block, which both go on writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// Pool block read.
+    pub src: u32,
+    /// Pool block overwritten.
+    pub dst: u32,
+}
+
 /// Work for one sequence in one step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchItem {
@@ -43,8 +54,10 @@ pub struct BatchItem {
     /// KV blocks of the sequence, covering positions `0 .. start_pos + tokens.len()`
     /// (from the scheduler's block manager).
     pub block_table: Vec<u32>,
-    /// Whether to return the logits of the last token.
-    pub want_logits: bool,
+    /// How many of the last positions of `tokens` to return logits for: 0 for a prefill
+    /// chunk that is not the prompt's last, 1 for the next token, more for a request
+    /// that scores its prompt (`echo` with `logprobs`).
+    pub logit_rows: usize,
     /// The request's prompt length ([`crate::model::ForwardSeq::prompt_len`]).
     pub prompt_len: usize,
     /// Blocks this step completes that the prefix store should keep.
@@ -58,12 +71,14 @@ pub struct RunBatch {
     pub items: Vec<BatchItem>,
     /// Prefix-cache blocks to load before the forward pass.
     pub loads: Vec<BlockLoad>,
+    /// Blocks to copy before the forward pass (before the loads).
+    pub copies: Vec<BlockCopy>,
 }
 
 impl RunBatch {
-    /// Whether there is no work (loads come with items).
+    /// Whether there is no work (loads and copies come with items).
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.loads.is_empty()
+        self.items.is_empty() && self.loads.is_empty() && self.copies.is_empty()
     }
 
     /// Tokens in the step (decode tokens plus prefill chunk tokens).
@@ -77,9 +92,10 @@ impl RunBatch {
 pub struct ItemOutput {
     /// The sequence.
     pub seq: SeqId,
-    /// Logits of the item's last token, `(vocab_size,)` f32, when `want_logits` was set;
-    /// or why the step's forward pass failed (every item of the step gets the error).
-    pub logits: Result<Option<Vec<f32>>, InferError>,
+    /// Logits of the item's last `logit_rows` positions, in position order, each
+    /// `(vocab_size,)` f32 (empty for none); or why the step failed (every item of the
+    /// step gets the error).
+    pub logits: Result<Vec<Vec<f32>>, InferError>,
 }
 
 /// Result of one step, in the order of [`RunBatch::items`].
@@ -124,27 +140,40 @@ impl ModelRunner {
         &self.model
     }
 
-    /// Executes one step: loads prefix-store blocks into the pool, runs one batched
-    /// forward pass, then copies out the blocks to persist and offers them to the store
-    /// (dropped when its queue is full; never waited on).
+    /// Executes one step: copies the blocks of forked sequences, loads prefix-store
+    /// blocks into the pool, runs one batched forward pass, then copies out the blocks
+    /// to persist and offers them to the store (dropped when its queue is full; never
+    /// waited on).
     pub fn run(&mut self, batch: RunBatch) -> StepOutput {
-        for load in &batch.loads {
-            if let Err(e) = self.pool.write_block(load.block, &load.kv) {
-                let e = InferError::internal(format!(
-                    "loading a cached KV block failed: {}",
-                    crate::model::candle_error_message(&e)
-                ));
-                return StepOutput {
-                    items: batch
-                        .items
-                        .iter()
-                        .map(|i| ItemOutput {
-                            seq: i.seq,
-                            logits: Err(e.clone()),
-                        })
-                        .collect(),
-                };
-            }
+        // Copies first: a copy's source block was computed by the previous step and may
+        // have been handed to a sequence whose disk blocks load into it now.
+        let loaded = batch
+            .copies
+            .iter()
+            .try_for_each(|c| self.pool.copy_block(c.src, c.dst))
+            .map_err(|e| ("copying a KV block", e))
+            .and_then(|()| {
+                batch
+                    .loads
+                    .iter()
+                    .try_for_each(|load| self.pool.write_block(load.block, &load.kv))
+                    .map_err(|e| ("loading a cached KV block", e))
+            });
+        if let Err((what, e)) = loaded {
+            let e = InferError::internal(format!(
+                "{what} failed: {}",
+                crate::model::candle_error_message(&e)
+            ));
+            return StepOutput {
+                items: batch
+                    .items
+                    .iter()
+                    .map(|i| ItemOutput {
+                        seq: i.seq,
+                        logits: Err(e.clone()),
+                    })
+                    .collect(),
+            };
         }
         if batch.items.is_empty() {
             return StepOutput::default();
@@ -156,7 +185,7 @@ impl ModelRunner {
                 tokens: &i.tokens,
                 start_pos: i.start_pos,
                 block_table: &i.block_table,
-                logit_rows: usize::from(i.want_logits),
+                logit_rows: i.logit_rows,
                 prompt_len: i.prompt_len,
             })
             .collect();
@@ -193,7 +222,7 @@ impl ModelRunner {
             Ok(rows) => {
                 let mut rows = rows.unwrap_or_default().into_iter();
                 for item in &batch.items {
-                    let logits = if item.want_logits { rows.next() } else { None };
+                    let logits: Vec<Vec<f32>> = rows.by_ref().take(item.logit_rows).collect();
                     out.items.push(ItemOutput {
                         seq: item.seq,
                         logits: Ok(logits),

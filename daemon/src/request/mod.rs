@@ -112,7 +112,8 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Seed of this request's own RNG: same seed and prompt → same tokens.
     pub seed: u64,
-    /// Maximum number of generated tokens (≥ 1); also capped by the context window.
+    /// Maximum number of generated tokens (≥ 1, or 0 with `echo`: score the prompt
+    /// only); also capped by the context window.
     pub max_tokens: usize,
     /// Stop sequences: matched on the decoded text across token boundaries and cut
     /// from the output.
@@ -141,7 +142,18 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Structured output: the generated text must match this (`response_format`).
     pub constraint: Option<ConstraintSpec>,
+    /// `n`: independent choices generated from the one prompt, which is prefilled once
+    /// and its KV blocks shared. Choice `i` samples with seed `seed + i` (wrapping).
+    /// Bound: `[1, MAX_CHOICES]`.
+    pub n: usize,
+    /// `echo`: the prompt's tokens come back before the generated ones
+    /// ([`StreamEvent::Echo`]), with their log-probabilities when `logprobs` is set.
+    /// Completions (`prompt`) only.
+    pub echo: bool,
 }
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 /// What a constrained request's output must match (`response_format`), compiled by
 /// llguidance when the request is prepared.
@@ -179,6 +191,8 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             logprobs: None,
             constraint: None,
+            n: 1,
+            echo: false,
         }
     }
 }
@@ -187,6 +201,12 @@ impl Default for SamplingParams {
 pub const DEFAULT_REPEAT_LAST_N: usize = 64;
 
 impl SamplingParams {
+    /// The seed of choice `index` (`seed + index`, wrapping): choice `i` of a request
+    /// samples exactly as a request of one choice with this seed would.
+    pub fn choice_seed(&self, index: usize) -> u64 {
+        self.seed.wrapping_add(index as u64)
+    }
+
     /// Whether sampling reduces to argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
@@ -316,6 +336,28 @@ pub enum StreamEvent {
     },
     /// The request failed; nothing more follows.
     Error(InferError),
+    /// The prompt, echoed (`echo`): sent once, after `Started` and before any `Delta`.
+    Echo {
+        /// The prompt's text (its tokens' bytes, control tokens as nothing, invalid
+        /// UTF-8 replaced).
+        text: String,
+        /// The prompt's token ids.
+        token_ids: Vec<u32>,
+        /// With `logprobs`: one entry per prompt token, the log-probability of token
+        /// `i` given tokens `0..i` and the most likely alternatives there. The first
+        /// token has no context: its `chosen.logprob` is NaN and its `top` empty.
+        /// Empty without `logprobs`.
+        logprobs: Vec<crate::sampling::TokenLogprobs>,
+    },
+    /// An event of choice `index` of a request with `n > 1` choices: its `Delta`s and
+    /// its `Done`. The request ends when every choice sent its `Done` (or with an
+    /// `Error`).
+    Choice {
+        /// The choice, `0..n`.
+        index: usize,
+        /// Its `Delta` or `Done`.
+        event: Box<StreamEvent>,
+    },
 }
 
 /// Sender half of a request's event channel. Unbounded: the engine never blocks on a

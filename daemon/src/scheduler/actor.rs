@@ -91,7 +91,9 @@ impl SchedulerActor {
     fn disk_lookup(&self, req: &TokenizedRequest) -> Option<(LookupRun, usize)> {
         self.store.as_ref()?;
         let prefix = self.scheduler.prefix_caching()?;
-        if !req.cache.enabled || req.prompt.is_empty() {
+        // A prompt being scored (`echo` with `logprobs`) reads nothing from the cache.
+        let scoring = req.sampling.echo && req.sampling.logprobs.is_some();
+        if !req.cache.enabled || req.prompt.is_empty() || scoring {
             return None;
         }
         let bs = self.scheduler.blocks().block_size();
@@ -196,6 +198,10 @@ impl SchedulerActor {
     fn fail(&self, seq: Sequence, error: InferError) {
         tracing::warn!(id = %seq.client_id, seq = %seq.id, error = %error.message, "request failed");
         seq.send(StreamEvent::Error(error));
+        if seq.choices > 1 {
+            // The error ends the request: its other choices stop too.
+            seq.cancel.cancel();
+        }
     }
 
     /// Ends cancelled sequences: a started one with `done` / `cancelled`, one still
@@ -244,7 +250,7 @@ impl SchedulerActor {
         let sampling: Vec<SeqId> = batch
             .items
             .iter()
-            .filter(|i| i.want_logits)
+            .filter(|i| i.logit_rows > 0)
             .map(|i| i.seq)
             .collect();
         let fut = self
@@ -272,14 +278,14 @@ impl SchedulerActor {
         }
     }
 
-    /// Samples, detokenizes and streams the results of one step.
+    /// Scores, samples, detokenizes and streams the results of one step.
     fn on_step(&mut self, out: StepOutput) {
         for item in out.items {
             if self.scheduler.running_mut(item.seq).is_none() {
                 continue;
             }
-            let logits = match item.logits {
-                Ok(l) => l,
+            let mut rows = match item.logits {
+                Ok(rows) => rows,
                 Err(e) => {
                     if let Some(s) = self.scheduler.remove_running(item.seq) {
                         self.fail(s, e);
@@ -287,6 +293,13 @@ impl SchedulerActor {
                     continue;
                 }
             };
+            if let Some(seq) = self.scheduler.running_mut(item.seq) {
+                // The rows are the chunk's last ones: the prompt scores of `echo`.
+                let first = (seq.computed + seq.in_flight).saturating_sub(rows.len());
+                if let Some(echo) = seq.echo.as_mut() {
+                    echo.absorb(first, &rows, &seq.prompt);
+                }
+            }
             self.scheduler.commit_step(item.seq);
             let Some(seq) = self.scheduler.running_mut(item.seq) else {
                 continue;
@@ -294,7 +307,7 @@ impl SchedulerActor {
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
-            let Some(mut logits) = logits else {
+            let Some(logits) = rows.pop() else {
                 if let Some(s) = self.scheduler.remove_running(item.seq) {
                     self.fail(
                         s,
@@ -305,37 +318,73 @@ impl SchedulerActor {
                 }
                 continue;
             };
-            let mut sampled = match seq.sample(&mut logits) {
-                Ok(t) => t,
-                Err(e) => {
-                    if let Some(s) = self.scheduler.remove_running(item.seq) {
-                        self.fail(s, e);
-                    }
-                    continue;
-                }
-            };
-            let token = sampled.token;
-            if let Some(lp) = sampled.logprobs.as_mut() {
-                for t in std::iter::once(&mut lp.chosen).chain(lp.top.iter_mut()) {
-                    t.bytes = self.tokenizer.token_piece(t.token).to_vec();
+            // The prompt is computed: its echo goes first, then the other choices fork
+            // and sample from the same row.
+            if let Some(echo) = seq.echo.take() {
+                let tok = &self.tokenizer;
+                let event = echo.event(&seq.prompt, |t| tok.token_bytes(t), |t| tok.token_piece(t));
+                seq.send(event);
+            }
+            let mut choices = vec![item.seq];
+            if seq.has_forks() {
+                choices.extend(self.scheduler.fork_choices(item.seq));
+            }
+            let last = choices.len() - 1;
+            let mut logits = Some(logits);
+            for (k, id) in choices.into_iter().enumerate() {
+                let row = if k == last {
+                    logits.take()
+                } else {
+                    logits.clone()
+                };
+                if let Some(mut row) = row {
+                    self.sample_next(id, &mut row);
                 }
             }
-            let is_eog = self.tokenizer.eog_token_ids().contains(&token);
-            let outcome = match seq.accept_token(sampled, self.tokenizer.token_bytes(token), is_eog)
-            {
-                Ok(o) => o,
-                Err(e) => {
-                    if let Some(s) = self.scheduler.remove_running(item.seq) {
-                        self.fail(s, e);
-                    }
-                    continue;
+        }
+    }
+
+    /// Samples sequence `id`'s next token from its logits row, streams it, and ends the
+    /// sequence when it is finished (at once with a budget of 0: `echo` scoring only).
+    fn sample_next(&mut self, id: SeqId, logits: &mut [f32]) {
+        let Some(seq) = self.scheduler.running_mut(id) else {
+            return;
+        };
+        if seq.max_new_tokens == 0 {
+            if let Some(s) = self.scheduler.remove_running(id) {
+                self.finish(s, FinishReason::Length);
+            }
+            return;
+        }
+        let mut sampled = match seq.sample(logits) {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(s) = self.scheduler.remove_running(id) {
+                    self.fail(s, e);
                 }
-            };
-            self.scheduler.note_generated();
-            if let TokenOutcome::Finished(reason) = outcome {
-                if let Some(s) = self.scheduler.remove_running(item.seq) {
-                    self.finish(s, reason);
+                return;
+            }
+        };
+        let token = sampled.token;
+        if let Some(lp) = sampled.logprobs.as_mut() {
+            for t in std::iter::once(&mut lp.chosen).chain(lp.top.iter_mut()) {
+                t.bytes = self.tokenizer.token_piece(t.token).to_vec();
+            }
+        }
+        let is_eog = self.tokenizer.eog_token_ids().contains(&token);
+        let outcome = match seq.accept_token(sampled, self.tokenizer.token_bytes(token), is_eog) {
+            Ok(o) => o,
+            Err(e) => {
+                if let Some(s) = self.scheduler.remove_running(id) {
+                    self.fail(s, e);
                 }
+                return;
+            }
+        };
+        self.scheduler.note_generated();
+        if let TokenOutcome::Finished(reason) = outcome {
+            if let Some(s) = self.scheduler.remove_running(id) {
+                self.finish(s, reason);
             }
         }
     }

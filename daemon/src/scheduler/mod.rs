@@ -1,6 +1,8 @@
 //! The scheduler: owns the queues and decides what runs in each engine step.
 //!
-//! - [`sequence`]: the state of one accepted sequence (tokens, sampler, output stream).
+//! - [`sequence`]: the state of one accepted sequence (tokens, sampler, output stream);
+//!   the choices of an `n > 1` request fork from it once its prompt is computed.
+//! - [`echo`]: [`PromptEcho`], the prompt echoed back with its log-probabilities.
 //! - [`block_manager`]: [`BlockManager`], KV block allocation, block tables and
 //!   reference counts.
 //! - [`policy`]: [`Scheduler`], the continuous-batching policy (admission, token
@@ -10,14 +12,18 @@
 
 pub mod actor;
 pub mod block_manager;
+pub mod echo;
 pub mod policy;
 pub mod sequence;
 
 pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
+pub use echo::PromptEcho;
 pub use policy::{EngineStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits};
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};
 
+#[cfg(test)]
+mod choices_tests;
 #[cfg(test)]
 mod prefix_tests;
 #[cfg(test)]

@@ -20,12 +20,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::error::{ErrorKind, InferError};
-use crate::model_runner::{BatchItem, BlockLoad, PersistBlock, RunBatch};
+use crate::model_runner::{BatchItem, BlockCopy, BlockLoad, PersistBlock, RunBatch};
 use crate::prefix_store::{DiskCounters, ModelFingerprint};
 use crate::request::SeqId;
 
 use super::block_manager::BlockManager;
 use super::sequence::{Sequence, TokenizedRequest};
+
+mod fork;
+
+/// A block copy for a forked choice, shipped with the next batch if the choice still
+/// owns `copy.dst` at table index `index` then.
+#[derive(Debug, Clone, Copy)]
+struct PendingCopy {
+    seq: SeqId,
+    index: usize,
+    copy: BlockCopy,
+}
 
 /// Bounds of the scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +136,10 @@ pub struct EngineStats {
     pub tokens_generated: u64,
     /// Forward passes (engine steps) since start.
     pub steps: u64,
+    /// Prompt positions run through the model since start (prefill work: cached
+    /// tokens are not counted, recomputation after a preemption is; the choices of an
+    /// `n > 1` request share one prefill).
+    pub prompt_tokens_computed: u64,
     /// Prefix cache counters.
     pub prefix_cache: PrefixCacheStats,
 }
@@ -145,6 +160,9 @@ pub struct Scheduler {
     prefix_stats: PrefixCacheStats,
     /// Disk blocks to load in the next step.
     loads: Vec<BlockLoad>,
+    /// Blocks of forked choices to copy in the next step.
+    copies: Vec<PendingCopy>,
+    prompt_tokens_computed: u64,
 }
 
 impl Scheduler {
@@ -161,6 +179,8 @@ impl Scheduler {
             prefix: None,
             prefix_stats: PrefixCacheStats::default(),
             loads: Vec::new(),
+            copies: Vec::new(),
+            prompt_tokens_computed: 0,
         }
     }
 
@@ -219,6 +239,7 @@ impl Scheduler {
             kv_block_size: self.blocks.block_size(),
             tokens_generated: self.tokens_generated,
             steps: self.steps,
+            prompt_tokens_computed: self.prompt_tokens_computed,
             prefix_cache: self.prefix_cache_stats(),
         }
     }
@@ -445,12 +466,19 @@ impl Scheduler {
             }
             let persist = self.blocks_to_persist(i);
             let s = &self.running[i];
+            let (start, end) = (s.computed, s.computed + s.in_flight);
+            let next_token = usize::from(end == s.total_len());
+            let scores = s
+                .echo
+                .as_ref()
+                .map_or(0, |e| e.rows_wanted(start, end, s.prompt.len()));
+            self.prompt_tokens_computed += end.min(s.prompt.len()).saturating_sub(start) as u64;
             items.push(BatchItem {
                 seq: s.id,
                 tokens: s.pending_tokens(s.in_flight),
-                start_pos: s.computed,
+                start_pos: start,
                 block_table: self.blocks.table(s.id).to_vec(),
-                want_logits: s.computed + s.in_flight == s.total_len(),
+                logit_rows: next_token.max(scores),
                 prompt_len: s.prompt.len(),
                 persist,
             });
@@ -459,7 +487,15 @@ impl Scheduler {
             self.steps += 1;
         }
         let loads = std::mem::take(&mut self.loads);
-        (RunBatch { items, loads }, admitted)
+        let copies = self.take_copies();
+        (
+            RunBatch {
+                items,
+                loads,
+                copies,
+            },
+            admitted,
+        )
     }
 
     /// For the head of the queue: the cached memory blocks its prefix can start with,
@@ -473,7 +509,13 @@ impl Scheduler {
         let Some(seq) = self.waiting.front_mut() else {
             return (Vec::new(), 0);
         };
-        if seq.cache.is_none() {
+        // A prompt being scored (`echo` with `logprobs`) needs every position's logits:
+        // it reads nothing from the cache.
+        let scoring = seq
+            .echo
+            .as_ref()
+            .is_some_and(|e| e.needs_rows(seq.prompt.len()));
+        if seq.cache.is_none() || scoring {
             return (Vec::new(), 0);
         }
         let bs = self.blocks.block_size();

@@ -55,6 +55,7 @@ fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest,
         received_at: Instant::now(),
         cache,
         disk_hit: None,
+        forks: Vec::new(),
     };
     (req, rx)
 }

@@ -12,6 +12,10 @@ use crate::request::{
 };
 use crate::sampling::{Sampled, SamplerChain, StepContext, TokenLogprobs};
 
+use super::echo::PromptEcho;
+
+mod fork;
+
 /// A tokenized request on its way from the tokenizer to the scheduler.
 #[derive(Debug)]
 pub struct TokenizedRequest {
@@ -38,6 +42,9 @@ pub struct TokenizedRequest {
     pub disk_hit: Option<DiskHit>,
     /// How the output is split into content, reasoning and tool calls.
     pub channels: ChannelSpec,
+    /// The sampling chains of choices `1..n` (`n > 1`), each seeded with its choice's
+    /// seed; empty for one choice.
+    pub forks: Vec<SamplerChain>,
 }
 
 /// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block
@@ -104,6 +111,8 @@ pub struct Sequence {
     channels: Channels,
     /// Control tokens the splitters see as text; empty for a plain request.
     markers: Vec<(u32, String)>,
+    /// What `channels` was made from (for the choices forked from this one).
+    channel_spec: ChannelSpec,
     /// Their log-probabilities, when the request asked for them.
     unsent_logprobs: Vec<TokenLogprobs>,
     /// Whether `started` was sent (the sequence was admitted to run).
@@ -114,6 +123,24 @@ pub struct Sequence {
     pub cache: Option<SeqCache>,
     /// Prompt tokens whose K/V came from the prefix cache at first admission.
     pub cached_tokens: usize,
+    /// This sequence's choice (`0..choices`).
+    pub choice: usize,
+    /// The request's number of choices (`n`); above 1, deltas and `done` are sent as
+    /// [`StreamEvent::Choice`].
+    pub choices: usize,
+    /// Choices `1..n` not yet forked from this one (they fork once its prompt is
+    /// computed, see [`Sequence::fork`]).
+    forks: Vec<PendingFork>,
+    /// The prompt to echo (`echo`), until it is sent.
+    pub echo: Option<PromptEcho>,
+}
+
+/// A choice waiting to fork: its sampling chain and output stream.
+#[derive(Debug)]
+struct PendingFork {
+    index: usize,
+    chain: SamplerChain,
+    output: OutputStream,
 }
 
 impl Sequence {
@@ -130,6 +157,17 @@ impl Sequence {
         max_new_tokens: usize,
         fingerprint: Option<&ModelFingerprint>,
     ) -> Self {
+        let new_output = || OutputStream::new(req.sampling.stop.clone());
+        let forks = req
+            .forks
+            .into_iter()
+            .enumerate()
+            .map(|(i, chain)| PendingFork {
+                index: i + 1,
+                chain,
+                output: new_output(),
+            })
+            .collect();
         let cache = match fingerprint {
             Some(fp) if req.cache.enabled => Some(SeqCache {
                 root: crate::prefix_store::root_hash(fp, &req.cache.salt),
@@ -145,13 +183,21 @@ impl Sequence {
             id: req.seq,
             client_id: req.client_id,
             chain: req.chain,
-            output: OutputStream::new(req.sampling.stop.clone()),
+            output: new_output(),
             channels: Channels::new(&req.channels, req.seq.0),
             markers: if req.channels.is_plain() {
                 Vec::new()
             } else {
                 req.channels.markers.clone()
             },
+            channel_spec: req.channels.clone(),
+            choice: 0,
+            choices: req.sampling.n.max(1),
+            forks,
+            echo: req
+                .sampling
+                .echo
+                .then(|| PromptEcho::new(req.sampling.logprobs)),
             prompt: req.prompt,
             generated: Vec::new(),
             computed: 0,
@@ -233,9 +279,19 @@ impl Sequence {
         &cache.hashes[..n_blocks]
     }
 
-    /// Sends an event; a closed channel (client gone) is not an error here, the
+    /// Sends an event (a delta or `done` as [`StreamEvent::Choice`] when the request
+    /// has several choices); a closed channel (client gone) is not an error here, the
     /// connection's cancel flag handles it.
     pub fn send(&self, event: StreamEvent) {
+        let event = match event {
+            e @ (StreamEvent::Delta { .. } | StreamEvent::Done { .. }) if self.choices > 1 => {
+                StreamEvent::Choice {
+                    index: self.choice,
+                    event: Box::new(e),
+                }
+            }
+            e => e,
+        };
         let _ = self.events.send(event);
     }
 
@@ -354,6 +410,7 @@ impl Sequence {
             },
             timings,
         });
+        self.end_pending_forks(reason);
         timings
     }
 

@@ -59,6 +59,7 @@ fn request(
         received_at: Instant::now(),
         cache: Default::default(),
         disk_hit: None,
+        forks: Vec::new(),
     };
     (req, rx, cancel)
 }
@@ -199,6 +200,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
         received_at: Instant::now(),
         cache: Default::default(),
         disk_hit: None,
+        forks: Vec::new(),
     };
     s.submit(req).expect("submit");
     s.schedule();
@@ -446,7 +448,7 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
         (item.seq, item.start_pos, item.tokens.len()),
         (SeqId(2), 0, 13)
     );
-    assert!(item.want_logits);
+    assert_eq!(item.logit_rows, 1);
     assert_eq!(&item.tokens[8..], &[500, 501, 501, 501, 502]);
     complete_step(&mut s, &[2], 504);
     let (b, _) = s.schedule();

@@ -9,6 +9,7 @@
 
 mod http;
 mod openai;
+mod openai_choices;
 mod openai_logprobs;
 mod session;
 mod tracker;
@@ -149,7 +150,8 @@ impl State {
         let (tx, rx) = mpsc::unbounded_channel();
         let tracked = self
             .tracker
-            .track(seq, cancel.clone(), engine.scheduler.clone());
+            .track(seq, cancel.clone(), engine.scheduler.clone())
+            .with_choices(request.sampling.n);
         engine.tokenizer.do_send(Prepare {
             seq,
             request,

@@ -6,8 +6,9 @@
 //! A request body is translated into a protocol-v1 `generate` object and validated by
 //! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
 //! so both edges accept and refuse the same values with the same messages. OpenAI
-//! fields inferd cannot honour yet (`n` > 1, `echo`, ...)
-//! are refused with a 400 naming the field rather than silently ignored.
+//! fields inferd cannot honour yet (`best_of` > 1, `suffix`, ...)
+//! are refused with a 400 naming the field rather than silently ignored. `n` choices
+//! and the completions' `echo` are assembled in [`super::openai_choices`].
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -20,6 +21,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
 use super::http::{self, Body, FrameStream};
+use super::openai_choices::{split_choice, with_index, Collected, Collector, UsageSum};
 use super::openai_logprobs::{chat_logprobs, completion_logprobs};
 use super::{unix_now, Engine, State, Tracked};
 use crate::api::validate::{parse_generate_object, quote, STEERING_FIELDS};
@@ -43,7 +45,10 @@ pub enum Endpoint {
 
 /// Fields passed to the `generate` validator unchanged (the extensions `top_k`,
 /// `min_p`, `plugins`, `cache`, `cache_salt` included), with [`STEERING_FIELDS`].
+/// (`echo` on the chat endpoint is refused there, naming it.)
 const PASSED: &[&str] = &[
+    "n",
+    "echo",
     "temperature",
     "top_p",
     "top_k",
@@ -63,7 +68,6 @@ const COMMON: &[&str] = &[
     "stream",
     "stream_options",
     "max_tokens",
-    "n",
     "user",
     "logprobs",
 ];
@@ -76,7 +80,7 @@ const CHAT_ONLY: &[&str] = &[
     "parallel_tool_calls",
     "chat_template_kwargs",
 ];
-const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
+const COMPLETION_ONLY: &[&str] = &["prompt", "suffix", "best_of"];
 
 /// A refused request: the error response (boxed: it is the rare path).
 struct Refusal(Box<Response<Body>>);
@@ -101,6 +105,8 @@ struct Options {
     include_usage: bool,
     /// Whether the response carries `logprobs`.
     logprobs: bool,
+    /// Choices per request (`n`, validated).
+    n: usize,
 }
 
 /// Handles a completion request end to end.
@@ -136,7 +142,7 @@ async fn try_generate(
         },
         rand::random::<u64>()
     );
-    let (generate, options) = translate(&obj, endpoint, &engine.model_id, &id)?;
+    let (generate, mut options) = translate(&obj, endpoint, &engine.model_id, &id)?;
     let request = parse_generate_object(&generate, id.clone(), &engine.defaults, engine.vocab_size)
         .map_err(|mut e| {
             // The value came from max_completion_tokens: name that field.
@@ -147,6 +153,7 @@ async fn try_generate(
             }
             e
         })?;
+    options.n = request.sampling.n;
     let (tracked, mut rx) = state.start_request(engine, request)?;
     let reply = Reply {
         endpoint,
@@ -166,7 +173,7 @@ async fn try_generate(
         }
         Ok(sse(reply, tracked, rx, first, &options))
     } else {
-        collect(reply, tracked, rx, options.logprobs).await
+        collect(reply, tracked, rx, &options).await
     }
 }
 
@@ -259,13 +266,7 @@ fn translate(
     }
     // Fields inferd does not implement: only their neutral values are accepted.
     let neutral: &[Neutral] = &[
-        (
-            "n",
-            |v| v.as_f64() == Some(1.0),
-            "1 (one choice per request)",
-        ),
         ("best_of", |v| v.as_f64() == Some(1.0), "1"),
-        ("echo", |v| v == &Value::Bool(false), "false"),
         ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
         ("user", Value::is_string, "a string"),
     ];
@@ -397,6 +398,7 @@ fn translate(
             stream,
             include_usage,
             logprobs,
+            n: 1,
         },
     ))
 }
@@ -479,8 +481,11 @@ struct Sse {
     include_usage: bool,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
-    /// Bytes of the tokens streamed so far (for the completions `text_offset`).
-    emitted: Vec<u8>,
+    /// Per choice: bytes of the tokens streamed so far (for the completions
+    /// `text_offset`).
+    emitted: Vec<Vec<u8>>,
+    /// The usage of the choices ended so far.
+    usage: UsageSum,
     queue: VecDeque<Bytes>,
     finished: bool,
 }
@@ -491,17 +496,33 @@ impl Sse {
         if self.tracked.observe(&event) {
             self.finished = true;
         }
+        let (index, event) = split_choice(event);
         let r = &self.reply;
+        let n = self.emitted.len();
+        let emitted = match self.emitted.get_mut(index) {
+            Some(e) => e,
+            None => return, // no such choice: the engine never sends one
+        };
         match event {
             StreamEvent::Started { .. } => {
                 if r.endpoint == Endpoint::Chat {
-                    let c = r.chunk(
-                        json!({"role": "assistant", "content": ""}),
-                        "",
-                        Value::Null,
-                        Value::Null,
-                    );
-                    self.queue.push_back(sse_line(&c));
+                    for i in 0..n {
+                        let c = r.chunk(
+                            json!({"role": "assistant", "content": ""}),
+                            "",
+                            Value::Null,
+                            Value::Null,
+                        );
+                        self.queue.push_back(sse_line(&with_index(c, i)));
+                    }
+                }
+            }
+            // The prompt starts every choice (completions only: chat refuses echo).
+            StreamEvent::Echo { text, logprobs, .. } => {
+                for (i, emitted) in self.emitted.iter_mut().enumerate() {
+                    let lp = r.logprobs(self.logprobs, &logprobs, emitted);
+                    let c = r.chunk(json!({ "content": text }), &text, lp, Value::Null);
+                    self.queue.push_back(sse_line(&with_index(c, i)));
                 }
             }
             StreamEvent::Delta {
@@ -513,10 +534,10 @@ impl Sse {
             } => {
                 let any = !text.is_empty() || !reasoning.is_empty() || !tool_calls.is_empty();
                 if any || (self.logprobs && !logprobs.is_empty()) {
-                    let lp = r.logprobs(self.logprobs, &logprobs, &mut self.emitted);
+                    let lp = r.logprobs(self.logprobs, &logprobs, emitted);
                     let delta = chat_delta(&text, &reasoning, &tool_calls);
                     let c = r.chunk(delta, &text, lp, Value::Null);
-                    self.queue.push_back(sse_line(&c));
+                    self.queue.push_back(sse_line(&with_index(c, index)));
                 }
             }
             StreamEvent::Done {
@@ -525,14 +546,19 @@ impl Sse {
                 ..
             } => {
                 let c = r.chunk(json!({}), "", Value::Null, finish_reason(reason));
-                self.queue.push_back(sse_line(&c));
+                self.queue.push_back(sse_line(&with_index(c, index)));
+                self.usage.add(&usage);
+                if !self.finished {
+                    return; // other choices go on
+                }
                 if self.include_usage {
                     let mut u = r.envelope(true, json!([]));
-                    u.insert("usage".into(), usage_json(&usage));
+                    u.insert("usage".into(), usage_json(&self.usage.total()));
                     self.queue.push_back(sse_line(&Value::Object(u)));
                 }
                 self.queue.push_back(Bytes::from_static(DONE_LINE));
             }
+            StreamEvent::Choice { .. } => {} // not nested
             StreamEvent::Error(e) => {
                 let (_, kind) = http::status_of(e.kind);
                 let err = json!({"error": {
@@ -583,7 +609,8 @@ fn sse(
         first,
         include_usage: options.include_usage,
         logprobs: options.logprobs,
-        emitted: Vec::new(),
+        emitted: vec![Vec::new(); options.n.max(1)],
+        usage: UsageSum::default(),
         queue: VecDeque::new(),
         finished: false,
     };
@@ -666,63 +693,52 @@ fn chat_message(text: String, reasoning: &str, calls: &[ToolCallDelta]) -> Value
     Value::Object(m)
 }
 
-/// Waits for the whole completion (a client that disconnects meanwhile drops this
-/// future, and with it the [`Tracked`] guard, which cancels the request).
+/// Waits for the whole completion, every choice of it (a client that disconnects
+/// meanwhile drops this future, and with it the [`Tracked`] guard, which cancels the
+/// request).
 async fn collect(
     reply: Reply,
     mut tracked: Tracked,
     mut rx: EventReceiver,
-    logprobs: bool,
+    options: &Options,
 ) -> Result<Response<Body>, Refusal> {
-    let mut text = String::new();
-    let mut reasoning_text = String::new();
-    let mut calls = Vec::new();
-    let mut entries = Vec::new();
+    let mut collector = Collector::new(options.n);
     loop {
         let event = rx.recv().await.unwrap_or_else(|| {
             StreamEvent::Error(InferError::internal("the request ended without a result"))
         });
         tracked.observe(&event);
-        match event {
-            StreamEvent::Started { .. } => {}
-            StreamEvent::Delta {
-                text: t,
-                logprobs: lp,
-                reasoning,
-                tool_calls,
-                ..
-            } => {
-                text.push_str(&t);
-                reasoning_text.push_str(&reasoning);
-                calls.extend(tool_calls);
-                entries.extend(lp);
-            }
-            StreamEvent::Error(e) => return Err(e.into()),
-            StreamEvent::Done {
-                finish_reason: reason,
-                usage,
-                ..
-            } => {
-                let lp = reply.logprobs(logprobs, &entries, &mut Vec::new());
-                let choice = match reply.endpoint {
+        let usage = match collector.push(event) {
+            Collected::Pending => continue,
+            Collected::Failed(e) => return Err(e.into()),
+            Collected::Complete(usage) => usage,
+        };
+        let choices: Vec<Value> = collector
+            .choices()
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let lp = reply.logprobs(options.logprobs, &c.entries, &mut Vec::new());
+                let reason = c.finish.map_or(Value::Null, finish_reason);
+                match reply.endpoint {
                     Endpoint::Chat => json!({
-                        "index": 0,
-                        "message": chat_message(text, &reasoning_text, &calls),
+                        "index": index,
+                        "message": chat_message(c.text.clone(), &c.reasoning, &c.calls),
                         "logprobs": lp,
-                        "finish_reason": finish_reason(reason),
+                        "finish_reason": reason,
                     }),
                     Endpoint::Completion => json!({
-                        "index": 0,
-                        "text": text,
+                        "index": index,
+                        "text": c.text,
                         "logprobs": lp,
-                        "finish_reason": finish_reason(reason),
+                        "finish_reason": reason,
                     }),
-                };
-                let mut body = reply.envelope(false, json!([choice]));
-                body.insert("usage".into(), usage_json(&usage));
-                return Ok(http::json(StatusCode::OK, &Value::Object(body)));
-            }
-        }
+                }
+            })
+            .collect();
+        let mut body = reply.envelope(false, Value::Array(choices));
+        body.insert("usage".into(), usage_json(&usage));
+        return Ok(http::json(StatusCode::OK, &Value::Object(body)));
     }
 }
 
@@ -803,7 +819,12 @@ mod tests {
             }
             tr(b, Endpoint::Chat).err()
         };
-        assert_eq!(chat(json!({"n": 2})).as_deref(), Some("400 Bad Request"));
+        assert_eq!(
+            chat(json!({"best_of": 2})).as_deref(),
+            Some("400 Bad Request")
+        );
+        // n and echo go to the validator, which knows their bounds.
+        assert_eq!(chat(json!({"n": 2, "echo": true})), None);
         assert_eq!(
             chat(json!({"tools": [{"type": "function"}]})),
             None,
@@ -846,11 +867,12 @@ mod tests {
                 .as_deref(),
             Some("400 Bad Request")
         );
-        assert_eq!(
-            tr(json!({"prompt": "x", "echo": true}), Endpoint::Completion)
-                .err()
-                .as_deref(),
-            Some("400 Bad Request")
-        );
+        let (g, _) = tr(
+            json!({"prompt": "x", "echo": true, "n": 3, "max_tokens": 0}),
+            Endpoint::Completion,
+        )
+        .expect("passed on");
+        assert_eq!((&g["echo"], &g["n"]), (&json!(true), &json!(3)));
+        assert_eq!(g["max_tokens"], json!(0));
     }
 }

@@ -65,7 +65,9 @@ fn whole_chars(bytes: &[u8]) -> usize {
 }
 
 /// The completions shape; `emitted` holds the bytes of the tokens before these (for
-/// `text_offset`, in characters of the text) and is extended by them.
+/// `text_offset`, in characters of the text) and is extended by them. An entry
+/// without a log-probability (NaN: the first token of an echoed prompt) has `null`
+/// for its `token_logprobs` and `top_logprobs`, as OpenAI writes it.
 pub(super) fn completion_logprobs(entries: &[TokenLogprobs], emitted: &mut Vec<u8>) -> Value {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
@@ -75,7 +77,12 @@ pub(super) fn completion_logprobs(entries: &[TokenLogprobs], emitted: &mut Vec<u
         text_offset.push(whole_chars(emitted));
         emitted.extend_from_slice(&e.chosen.bytes);
         tokens.push(completion_token(&e.chosen));
-        token_logprobs.push(logprob_number(e.chosen.logprob));
+        if e.chosen.logprob.is_nan() {
+            token_logprobs.push(Value::Null);
+            top_logprobs.push(Value::Null);
+            continue;
+        }
+        token_logprobs.push(json!(logprob_number(e.chosen.logprob)));
         let top: Map<String, Value> = e
             .top
             .iter()
@@ -120,5 +127,22 @@ mod tests {
         assert_eq!(v["text_offset"], json!([0, 1, 1, 2]));
         assert_eq!(v["tokens"], json!(["a", "bytes:\\xc3", "bytes:\\xa9", "b"]));
         assert_eq!(v["top_logprobs"][1].as_object().map(Map::len), Some(2));
+    }
+
+    /// An echoed prompt's first token has no log-probability: `null`, as OpenAI.
+    #[test]
+    fn a_token_without_context_is_null() {
+        let entry = |logprob: f32| TokenLogprobs {
+            chosen: TopLogprob {
+                token: 1,
+                logprob,
+                bytes: b"a".to_vec(),
+            },
+            top: Vec::new(),
+        };
+        let v = completion_logprobs(&[entry(f32::NAN), entry(-0.5)], &mut Vec::new());
+        assert_eq!(v["token_logprobs"], json!([null, -0.5]));
+        assert_eq!(v["top_logprobs"], json!([null, {}]));
+        assert_eq!(v["text_offset"], json!([0, 1]));
     }
 }

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use crate::error::ErrorKind;
 use crate::metrics::metrics;
-use crate::request::{CancelFlag, SeqId, StreamEvent};
+use crate::request::{CancelFlag, SeqId, StreamEvent, Usage};
 use crate::scheduler::{Cancel, SchedulerActor};
 
 #[derive(Default)]
@@ -45,6 +45,8 @@ impl Tracker {
             accepted: Instant::now(),
             last_token: None,
             ended: false,
+            choices_left: 1,
+            choice_usage: None,
         }
     }
 
@@ -88,6 +90,10 @@ pub struct Tracked {
     accepted: Instant,
     last_token: Option<Instant>,
     ended: bool,
+    /// Choices whose `done` has not been seen (`n`, then counting down).
+    choices_left: usize,
+    /// Usage summed over the choices ended so far: prompt once, completions added.
+    choice_usage: Option<Usage>,
 }
 
 impl Tracked {
@@ -101,11 +107,44 @@ impl Tracked {
         self.cancel.clone()
     }
 
+    /// Sets the request's number of choices (`n`): it ends with the last choice's
+    /// `done`.
+    pub fn with_choices(mut self, n: usize) -> Self {
+        self.choices_left = n.max(1);
+        self
+    }
+
     /// Records `event` in the metrics; returns whether it is the request's final event.
     pub fn observe(&mut self, event: &StreamEvent) -> bool {
         let m = metrics();
         match event {
-            StreamEvent::Started { .. } => false,
+            StreamEvent::Started { .. } | StreamEvent::Echo { .. } => false,
+            StreamEvent::Choice { index, event } => match &**event {
+                // One choice's tokens count as the request's stream for the latencies.
+                StreamEvent::Delta { .. } if *index == 0 => self.observe(event),
+                StreamEvent::Done {
+                    finish_reason,
+                    usage,
+                    timings,
+                } => {
+                    let total = self.choice_usage.get_or_insert(Usage {
+                        completion_tokens: 0,
+                        ..*usage
+                    });
+                    total.completion_tokens += usage.completion_tokens;
+                    self.choices_left = self.choices_left.saturating_sub(1);
+                    if self.choices_left > 0 {
+                        return false;
+                    }
+                    let usage = *total;
+                    self.observe(&StreamEvent::Done {
+                        finish_reason: *finish_reason,
+                        usage,
+                        timings: *timings,
+                    })
+                }
+                _ => false,
+            },
             StreamEvent::Delta { token_ids, .. } => {
                 let now = Instant::now();
                 if let (Some(last), n @ 1..) = (self.last_token, token_ids.len()) {

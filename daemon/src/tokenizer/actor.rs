@@ -11,8 +11,8 @@ use crate::detokenizer::tool_calls::ToolFormat;
 use crate::detokenizer::ChannelSpec;
 use crate::error::InferError;
 use crate::request::{
-    CancelFlag, EventSender, FunctionTool, GenerateRequest, PromptInput, SeqId, StreamEvent,
-    ToolChoice,
+    CancelFlag, EventSender, FunctionTool, GenerateRequest, PromptInput, SamplingParams, SeqId,
+    StreamEvent, ToolChoice, ToolOptions,
 };
 use crate::sampling::constraint::LazyCompiler;
 use crate::sampling::reasoning_gate::ReasoningGate;
@@ -86,11 +86,15 @@ impl TokenizerActor {
     /// The request's sampling chain, its `response_format` or forced tool call
     /// compiled (off the engine loop: this runs on the tokenizer pool), held back while
     /// the model reasons when the template lets it.
-    fn chain(&self, req: &GenerateRequest, prompt: &Prompt) -> Result<SamplerChain, InferError> {
-        let params = &req.sampling;
+    fn chain(
+        &self,
+        params: &SamplingParams,
+        tools: Option<&ToolOptions>,
+        prompt: &Prompt,
+    ) -> Result<SamplerChain, InferError> {
         let eog = self.tokenizer.eog_token_ids();
         let mut chain = SamplerChain::new(params, eog);
-        let forced = match (&req.tools, prompt.tool_format) {
+        let forced = match (tools, prompt.tool_format) {
             (Some(t), Some(format)) => t.forced().map(|tools| (t, format, tools)),
             _ => None,
         };
@@ -131,6 +135,26 @@ impl TokenizerActor {
             }
         }
         Ok(chain)
+    }
+
+    /// The chains of choices `1..n` of a request with `n` choices, each seeded with its
+    /// choice's seed ([`SamplingParams::choice_seed`]) and with its own compiled
+    /// constraint (a grammar's state follows one sequence).
+    fn fork_chains(
+        &self,
+        params: &SamplingParams,
+        tools: Option<&ToolOptions>,
+        prompt: &Prompt,
+    ) -> Result<Vec<SamplerChain>, InferError> {
+        (1..params.n)
+            .map(|i| {
+                let seeded = SamplingParams {
+                    seed: params.choice_seed(i),
+                    ..params.clone()
+                };
+                self.chain(&seeded, tools, prompt)
+            })
+            .collect()
     }
 
     /// Prompt ids for the request: the chat template for messages (with its tools and
@@ -181,11 +205,14 @@ impl Handler<Prepare> for TokenizerActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        let prepared = self
-            .prompt(&msg.request)
-            .and_then(|p| Ok((self.chain(&msg.request, &p)?, p)));
+        let request = &msg.request;
+        let prepared = self.prompt(request).and_then(|p| {
+            let chain = self.chain(&request.sampling, request.tools.as_ref(), &p)?;
+            let forks = self.fork_chains(&request.sampling, request.tools.as_ref(), &p)?;
+            Ok((p, chain, forks))
+        });
         match prepared {
-            Ok((chain, prompt)) => {
+            Ok((prompt, chain, forks)) => {
                 let req = TokenizedRequest {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
@@ -198,6 +225,7 @@ impl Handler<Prepare> for TokenizerActor {
                     received_at: msg.received_at,
                     cache: msg.request.cache,
                     disk_hit: None,
+                    forks,
                 };
                 if msg.request.plugins.is_empty() {
                     self.scheduler.do_send(Submit(req));

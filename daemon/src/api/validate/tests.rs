@@ -641,6 +641,38 @@ fn max_tokens_bounds() {
     );
 }
 
+/// `n` in [1, 16]; `echo` a boolean, with `prompt` only, and the one way to ask for
+/// `max_tokens: 0` (score the prompt without generating).
+#[test]
+fn choices_and_echo_bounds() {
+    let p = sampling(generate(json!({})));
+    assert_eq!((p.n, p.echo), (1, false));
+    assert_eq!(sampling(generate(json!({"n": 16}))).n, 16);
+    assert_eq!(sampling(generate(json!({"n": null}))).n, 1);
+    invalid(generate(json!({"n": 0})), "n must be >= 1 (got 0)");
+    invalid(generate(json!({"n": 17})), "n must be <= 16 (got 17)");
+    invalid(
+        generate(json!({"n": 2.0})),
+        "n must be an integer (got 2.0)",
+    );
+    let p = sampling(generate(json!({"echo": true, "max_tokens": 0})));
+    assert_eq!((p.echo, p.max_tokens), (true, 0));
+    invalid(
+        generate(json!({"echo": "yes"})),
+        "echo must be a boolean (got \"yes\")",
+    );
+    invalid(
+        generate(json!({"max_tokens": 0, "echo": false})),
+        "max_tokens must be >= 1 (got 0); 0 is allowed only with echo: true",
+    );
+    let mut msgs = chat(json!([{"role": "user", "content": "hi"}]));
+    msgs["echo"] = json!(true);
+    invalid(msgs.clone(), "echo must be false with messages (got true)");
+    msgs["echo"] = json!(false);
+    msgs["n"] = json!(3);
+    assert_eq!(sampling(msgs).n, 3);
+}
+
 #[test]
 fn stop_rules() {
     assert_eq!(

@@ -55,8 +55,23 @@ impl Handler<SetupPlugins> for PluginSetupActor {
                 Ok(r) => r.clone(),
                 Err(poisoned) => poisoned.into_inner().clone(),
             };
-            match registry.instantiate(&msg.specs, req.sampling.seed, &req.client_id) {
-                Ok(chain) => req.chain.set_plugins(chain),
+            // Every choice of an `n > 1` request gets instances of its own (a plugin's
+            // state follows one sequence), seeded with the choice's seed.
+            let set_up = (0..=req.forks.len()).try_for_each(|i| {
+                let seed = req.sampling.choice_seed(i);
+                let plugins = registry.instantiate(&msg.specs, seed, &req.client_id)?;
+                match i.checked_sub(1) {
+                    None => req.chain.set_plugins(plugins),
+                    Some(f) => {
+                        if let Some(chain) = req.forks.get_mut(f) {
+                            chain.set_plugins(plugins);
+                        }
+                    }
+                }
+                Ok::<(), crate::error::InferError>(())
+            });
+            match set_up {
+                Ok(()) => {}
                 // Cancelled while configuring: the scheduler ends it as cancelled.
                 Err(_) if req.cancel.is_cancelled() => {}
                 Err(e) => {
