@@ -249,6 +249,28 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
     assert_eq!(names, ["get_weather", "get_time"]);
     assert_eq!(args, ARGS);
 
+    // Two choices: each parses its own calls, with ids of its own.
+    let mut two = body.clone();
+    two["n"] = json!(2);
+    let r = d
+        .http("POST", "/v1/chat/completions", &[], Some(&two.to_string()))
+        .expect("http");
+    let v = r.json();
+    let ids: Vec<&Value> = (0..2)
+        .map(|i| &v["choices"][i]["message"]["tool_calls"][0]["id"])
+        .collect();
+    for i in 0..2 {
+        let c = &v["choices"][i];
+        assert_eq!(
+            (c["index"].as_u64(), c["finish_reason"].as_str()),
+            (Some(i as u64), Some("tool_calls")),
+            "{v}"
+        );
+        assert_eq!(c["message"]["reasoning_content"], THOUGHT);
+        assert_eq!(c["message"]["tool_calls"][0]["function"]["arguments"], ARGS);
+    }
+    assert_ne!(ids[0], ids[1]);
+
     // A plain answer with tools offered: content, finish stop.
     let body = chat_body(json!({"tools": tools(), "plugins": script("It is sunny.", "eos")}));
     let r = d
