@@ -667,3 +667,34 @@ pub fn ids(v: &Value) -> Vec<u32> {
         })
         .unwrap_or_default()
 }
+
+/// The numbers of a JSON array (reference logits).
+///
+/// # Panics
+/// When `v` is not an array of numbers.
+pub fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
+}
+
+/// The token ids of a JSON array, as `u64` (as `serde_json` reads them).
+///
+/// # Panics
+/// When `v` is not an array of non-negative integers.
+pub fn ids_u64(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
+}
+
+/// `ln softmax(logits)` in f64 (the reference for log-probabilities).
+pub fn log_softmax(logits: &[f64]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+    logits.iter().map(|l| l - lse).collect()
+}

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use inferd_e2e::{fixture, workspace_root, Client, Daemon, HttpResponse};
+use inferd_e2e::{
+    fixture, floats, ids_u64, log_softmax, workspace_root, Client, Daemon, HttpResponse,
+};
 
 /// Our log-probabilities against transformers' f32 logits (the tiny fixture): the
 /// logits agree to about 1e-5, the log-normaliser adds as much again.
@@ -23,29 +25,6 @@ const TEACHER_TOL: f64 = 1e-4;
 /// kernel (f16 dot products and value accumulation): measured up to 0.16 on the default
 /// Q4_1 model (typically 0.03–0.1 per token).
 const TEACHER_TOL_TILED: f64 = 0.3;
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_f64().expect("number"))
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id"))
-        .collect()
-}
-
-/// `ln softmax(logits)` in f64.
-fn log_softmax(logits: &[f64]) -> Vec<f64> {
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
-    logits.iter().map(|l| l - lse).collect()
-}
 
 fn post(d: &Daemon, path: &str, body: &Value) -> HttpResponse {
     d.http("POST", path, &[], Some(&body.to_string()))
@@ -95,7 +74,7 @@ async fn run(c: &mut Client, req: Value, n: usize) -> Frames {
                 f.tokens
                     .entry(index)
                     .or_default()
-                    .extend(ids(&frame["token_ids"]));
+                    .extend(ids_u64(&frame["token_ids"]));
                 if let Some(lp) = frame["logprobs"].as_array() {
                     f.logprobs.entry(index).or_default().extend(lp.clone());
                 }
@@ -133,7 +112,7 @@ async fn echo_scores_the_prompt_as_transformers_does() {
     let reference = fixture("tiny-models/llama/reference.json");
     let seq = &reference["sequences"][1];
     assert_eq!(seq["name"], "len7");
-    let prompt = ids(&seq["input_ids"]);
+    let prompt = ids_u64(&seq["input_ids"]);
     let rows: Vec<Vec<f64>> = seq["all_logits"]
         .as_array()
         .expect("all_logits")
@@ -157,7 +136,7 @@ async fn echo_scores_the_prompt_as_transformers_does() {
         assert_eq!(done["usage"]["cached_tokens"], 0, "{done}");
         assert!(f.tokens.is_empty(), "nothing generated: {f:?}");
         let echo = f.echo.expect("echo frame");
-        assert_eq!(ids(&echo["token_ids"]), prompt);
+        assert_eq!(ids_u64(&echo["token_ids"]), prompt);
         echo_text = echo["text"].clone();
         let entries = echo["logprobs"].as_array().expect("logprobs");
         assert_eq!(entries.len(), prompt.len());
@@ -241,7 +220,7 @@ async fn echoed_generation_scores_equal_its_generated_logprobs() {
                     c.send(&json!({"type": "tokenize", "id": "t", "text": text}))
                         .await
                         .expect("send");
-                    cases.push((ids(&c.recv().await.expect("tokens")["token_ids"]), tol));
+                    cases.push((ids_u64(&c.recv().await.expect("tokens")["token_ids"]), tol));
                 }
                 assert!(cases[0].0.len() + GENERATED < 64 && cases[1].0.len() + GENERATED >= 64);
                 cases
@@ -365,7 +344,7 @@ async fn n_choices_each_follow_their_own_seed_and_share_one_prefill() {
         "text": "Once upon a time, in a small village by the sea, there lived an old fisherman who"}))
         .await
         .expect("send");
-    let long = ids(&c.recv().await.expect("tokens")["token_ids"]);
+    let long = ids_u64(&c.recv().await.expect("tokens")["token_ids"]);
     assert!(long.len() > 16, "{long:?}");
     for prompt in [long[..16].to_vec(), long[..long.len().min(21)].to_vec()] {
         let req = |id: &str, extra: Value| {

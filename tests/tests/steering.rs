@@ -7,34 +7,13 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use inferd_e2e::{fixture, run_python, workspace_root, Daemon, HttpResponse};
+use inferd_e2e::{
+    fixture, floats, ids_u64, log_softmax, run_python, workspace_root, Daemon, HttpResponse,
+};
 
 /// Our log-probabilities against transformers' f32 logits: the logits agree to about
 /// 1e-5 here, the log-normaliser adds as much again.
 const LOGPROB_TOL: f64 = 1e-4;
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_f64().expect("number"))
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id"))
-        .collect()
-}
-
-/// `ln softmax(logits)` in f64.
-fn log_softmax(logits: &[f64]) -> Vec<f64> {
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
-    logits.iter().map(|l| l - lse).collect()
-}
 
 fn entry_ids(entry: &Value) -> Vec<u64> {
     entry["top_logprobs"]
@@ -120,7 +99,7 @@ async fn logprobs_equal_transformers_log_softmax_on_token_id_prompts() {
         )
         .await
         .expect("greedy");
-    let want_ids = ids(&greedy["new_token_ids"]);
+    let want_ids = ids_u64(&greedy["new_token_ids"]);
     let got_ids: Vec<u64> = g.token_ids.iter().map(|&t| u64::from(t)).collect();
     assert_eq!(got_ids, want_ids);
     assert_eq!(g.logprobs.len(), want_ids.len());
@@ -130,7 +109,7 @@ async fn logprobs_equal_transformers_log_softmax_on_token_id_prompts() {
         .zip(greedy["top5_per_step"].as_array().expect("top5"))
         .enumerate()
     {
-        assert_eq!(entry_ids(entry), ids(&top5["ids"]), "step {step}");
+        assert_eq!(entry_ids(entry), ids_u64(&top5["ids"]), "step {step}");
         let logits = floats(&top5["logits"]);
         let lps: Vec<f64> = entry["top_logprobs"]
             .as_array()
