@@ -8,8 +8,9 @@ use serde_json::{json, Value};
 
 use inferd_e2e::{run_python, test_plugins_dir, Daemon};
 
-/// A ChatML template that renders `tools` (Hermes format), tool turns, and an empty
-/// reasoning block when `enable_thinking` is false (as Qwen3's does).
+/// A ChatML template that renders `tools` (Hermes format), tool turns, an empty
+/// reasoning block when `enable_thinking` is false (as Qwen3's does), and an opened one
+/// when `open_thinking` is true (as DeepSeek-R1's does).
 const TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
 # Tools
 <tools>
@@ -39,6 +40,7 @@ Answer with <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks.<|im_e
 
 </think>
 
+{% endif %}{% if open_thinking is defined and open_thinking %}<think>
 {% endif %}{% endif %}"#;
 
 const THOUGHT: &str = "\nThe user wants the weather: é😀.\n";
@@ -285,11 +287,15 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constraints_start_after_the_reasoning() {
     let (d, _dir) = scripted_daemon();
-    let thought = "<think>\nok\n</think>";
-    // A named tool: the script reasons, then the model (free) is held to the call.
+    // The template opens the reasoning; the script reasons and closes it, then the
+    // model (free) is held to the call. (Opening `<think>` itself one character at a
+    // time is not possible here: its `<` is the grammar's, as `<tool_call>` starts so.)
+    let thought = "\nok\n</think>";
+    let opened = json!({"open_thinking": true});
     let body = chat_body(json!({
         "tools": tools(),
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "chat_template_kwargs": opened,
         "plugins": script(thought, "free"),
     }));
     let r = d
@@ -308,10 +314,29 @@ async fn constraints_start_after_the_reasoning() {
         "{args}"
     );
 
+    // A forced call always comes out, whatever the sampler draws, with a template
+    // that lets the model reason (the model cannot escape into <think> through a
+    // token the grammar also allows, nor end the turn inside reasoning).
+    for seed in [5, 6, 7] {
+        let body = chat_body(json!({
+            "tools": tools(), "tool_choice": "required", "parallel_tool_calls": false,
+            "temperature": 0.8, "seed": seed, "max_tokens": 120,
+        }));
+        let r = d
+            .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+            .expect("http");
+        let v = r.json();
+        assert_eq!(
+            v["choices"][0]["finish_reason"], "tool_calls",
+            "seed {seed}: {v}"
+        );
+    }
+
     // response_format after reasoning: the content is a JSON object.
     let body = chat_body(json!({
         "response_format": {"type": "json_object"},
         "max_tokens": 60,
+        "chat_template_kwargs": opened,
         "plugins": script(thought, "free"),
     }));
     let r = d
@@ -379,6 +404,46 @@ async fn bad_tool_fields_are_refused_naming_the_field() {
             "tools[0].function.parameters: keyword \"maxPropertiez\" at # is not one inferd enforces",
         ),
     ];
+    // `param` names the field, unknown keys included; a forced tool's broken schema is
+    // reported for that tool, not as the grammar it is embedded in.
+    let params = [
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "x": 1}}]}),
+            "tools[0].function.x",
+        ),
+        (json!({"temprature": 1}), "temprature"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "object", "properties": {"x": {"type": "string", "pattern": "(("}}}}}],
+            "tool_choice": "required"}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "string"}}}]}),
+            "tools[0].function.parameters.type",
+        ),
+    ];
+    for (extra, want) in params {
+        let r = d
+            .http(
+                "POST",
+                "/v1/chat/completions",
+                &[],
+                Some(&chat_body(extra.clone()).to_string()),
+            )
+            .expect("http");
+        let e = &r.json()["error"];
+        assert_eq!(
+            (r.status, e["param"].as_str()),
+            (400, Some(want)),
+            "{extra}: {e}"
+        );
+        assert!(
+            !e["message"].as_str().unwrap_or("").contains("start:"),
+            "{e}"
+        );
+    }
     for (extra, want) in cases {
         let r = d
             .http(

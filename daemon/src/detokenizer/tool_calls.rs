@@ -59,6 +59,13 @@ impl ToolFormat {
     }
 }
 
+/// A random number drawn once per process: call ids (`call_` + this + the sequence
+/// id + the call's index, 24 hex digits) do not repeat across restarts.
+fn process_salt() -> u32 {
+    static SALT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SALT.get_or_init(rand::random::<u32>)
+}
+
 /// Opens a Hermes call block.
 pub const HERMES_OPEN: &str = "<tool_call>";
 /// Closes a Hermes call block.
@@ -113,7 +120,7 @@ pub struct ToolCallParser {
     /// Calls started so far.
     calls: usize,
     parallel: bool,
-    /// Prefix of the call ids (`call_` + 16 hex digits of the sequence id).
+    /// Prefix of the call ids (`call_`, the process salt, the sequence id).
     id_base: String,
 }
 
@@ -133,7 +140,7 @@ impl ToolCallParser {
             held_ws: String::new(),
             calls: 0,
             parallel,
-            id_base: format!("call_{seq:016x}"),
+            id_base: format!("call_{:08x}{seq:08x}", process_salt()),
         }
     }
 
@@ -148,20 +155,18 @@ impl ToolCallParser {
         while self.step(out) {}
     }
 
-    /// The answer ended: what is held is released (an unfinished call keeps what it
-    /// streamed; one whose name was not read yet is content).
+    /// The answer ended: what is held is released. An unfinished call keeps what it
+    /// streamed; the markup of a call cut off before its name was read (the answer hit
+    /// `max_tokens` inside it) is dropped, never released as content, as is a held
+    /// opener prefix after a call.
     pub fn finish(&mut self, out: &mut ToolSplit) {
         while self.step(out) {}
         let rest = std::mem::take(&mut self.buf);
         match self.state {
-            State::Header | State::Whole(..) => {
-                let raw = std::mem::take(&mut self.raw) + &rest;
-                self.content(&raw, out);
-            }
+            State::Header | State::Whole(..) | State::ArrayOpen => self.raw.clear(),
             State::Arguments(_) => out.calls.push(self.piece(rest)),
-            State::Content | State::Start | State::ArrayOpen | State::AfterCall => {
-                self.content(&rest, out)
-            }
+            State::Content if self.has_calls() && self.format.opener().is_some() => {}
+            State::Content | State::Start | State::AfterCall => self.content(&rest, out),
             State::Tail(_) | State::Discard => {}
         }
         let ws = std::mem::take(&mut self.held_ws);

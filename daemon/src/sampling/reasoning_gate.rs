@@ -4,9 +4,13 @@
 //! reasoning).
 //!
 //! States: `Detect` (the output may still open `<think>`: the constraint's mask applies,
-//! and the tokens that spell `<think>` stay allowed beside it; once one is taken, only
-//! tokens that continue it are), `Inside` (no mask; the sequence's output splitter
-//! reopens the gate at `</think>`), `Open` (the constraint follows every token).
+//! and the tokens that spell `<think>` stay allowed beside it; a token the grammar
+//! allows goes to the grammar, one only `<think>` explains starts the reasoning, after
+//! which only tokens that continue `<think>` are allowed), `Inside` (no mask; the
+//! sequence's output splitter reopens the gate at `</think>`), `Open` (the constraint
+//! follows every token). While the reasoning holds the constraint back, the
+//! end-of-generation tokens are banned: ending there would leave the constraint (a
+//! forced tool call, a JSON answer) unmet.
 
 use crate::detokenizer::reasoning::{ReasoningStart, THINK_OPEN};
 
@@ -26,8 +30,11 @@ pub struct ReasoningGate {
     state: State,
     /// Tokens whose bytes are a non-empty piece of `<think>`: id and bytes.
     pieces: Vec<(u32, Vec<u8>)>,
-    /// Logits of the pieces, kept across the constraint's mask.
-    saved: Vec<(u32, f32)>,
+    /// `<think>` openers the last mask banned (allowed again by the gate): taking one
+    /// starts the reasoning.
+    restored: Vec<u32>,
+    /// End-of-generation ids, banned while the reasoning holds the constraint back.
+    eog: Vec<u32>,
     /// Per accepted token: the state before it and whether the constraint took it.
     history: Vec<(State, bool)>,
 }
@@ -35,7 +42,7 @@ pub struct ReasoningGate {
 impl ReasoningGate {
     /// A gate for output starting as `start` (`Ended`: open at once). `pieces` are the
     /// vocabulary's tokens whose bytes occur in `<think>` ([`Self::think_pieces`]).
-    pub fn new(start: ReasoningStart, pieces: Vec<(u32, Vec<u8>)>) -> Self {
+    pub fn new(start: ReasoningStart, pieces: Vec<(u32, Vec<u8>)>, eog: Vec<u32>) -> Self {
         let state = match start {
             ReasoningStart::Detect => State::Detect { matched: 0 },
             ReasoningStart::Inside => State::Inside,
@@ -44,7 +51,8 @@ impl ReasoningGate {
         Self {
             state,
             pieces,
-            saved: Vec::new(),
+            restored: Vec::new(),
+            eog,
             history: Vec::new(),
         }
     }
@@ -94,9 +102,13 @@ impl ReasoningGate {
         logits: &mut [f32],
         mask: impl FnOnce(&mut [f32]) -> Result<(), E>,
     ) -> Result<(), E> {
+        self.restored.clear();
         match self.state {
             State::Open => mask(logits),
-            State::Inside => Ok(()),
+            State::Inside => {
+                self.ban_eog(logits);
+                Ok(())
+            }
             State::Detect { matched: 0 } => {
                 let saved: Vec<(u32, f32)> = self
                     .continuations(0)
@@ -105,14 +117,15 @@ impl ReasoningGate {
                 mask(logits)?;
                 for &(id, l) in &saved {
                     if let Some(x) = logits.get_mut(id as usize) {
-                        *x = l;
+                        if *x == f32::NEG_INFINITY && l != f32::NEG_INFINITY {
+                            *x = l;
+                            self.restored.push(id);
+                        }
                     }
                 }
-                self.saved = saved;
                 Ok(())
             }
             State::Detect { matched } => {
-                self.saved.clear();
                 let keep: Vec<(u32, f32)> = self
                     .continuations(matched)
                     .filter_map(|(id, _)| logits.get(*id as usize).map(|l| (*id, *l)))
@@ -126,6 +139,14 @@ impl ReasoningGate {
         }
     }
 
+    fn ban_eog(&self, logits: &mut [f32]) {
+        for &t in &self.eog {
+            if let Some(x) = logits.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+
     /// `token` was accepted; returns whether the constraint must take it.
     pub fn accept(&mut self, token: u32) -> bool {
         let before = self.state;
@@ -133,10 +154,14 @@ impl ReasoningGate {
             State::Open => true,
             State::Inside => false,
             State::Detect { matched } => {
+                // At the start a token the grammar allowed is the grammar's; only one
+                // the gate let through beside it opens the reasoning.
+                let opens = matched > 0 || self.restored.contains(&token);
                 let piece = self
                     .continuations(matched)
                     .find(|(id, _)| *id == token)
-                    .map(|(_, b)| b.len());
+                    .map(|(_, b)| b.len())
+                    .filter(|_| opens);
                 match piece {
                     Some(n) if matched + n == THINK_OPEN.len() => {
                         self.state = State::Inside;
@@ -179,8 +204,12 @@ mod tests {
 
     /// Vocabulary: 0 "<", 1 "think", 2 ">", 3 "<think>", 4 "{", 5 "x".
     fn gate(start: ReasoningStart) -> ReasoningGate {
-        let vocab: [&[u8]; 6] = [b"<", b"think", b">", b"<think>", b"{", b"x"];
-        ReasoningGate::new(start, ReasoningGate::think_pieces(6, |i| vocab[i as usize]))
+        let vocab: [&[u8]; 7] = [b"<", b"think", b">", b"<think>", b"{", b"x", b"<|end|>"];
+        ReasoningGate::new(
+            start,
+            ReasoningGate::think_pieces(7, |i| vocab[i as usize]),
+            vec![6],
+        )
     }
 
     /// A mask that allows only `{`.
@@ -200,18 +229,22 @@ mod tests {
     #[test]
     fn detect_allows_the_grammar_and_think_openers() {
         let mut g = gate(ReasoningStart::Detect);
-        let mut l = vec![0.5; 6];
+        let mut l = vec![0.5; 7];
         g.apply(&mut l, brace).unwrap_or(());
         assert_eq!(allowed(&l), [0, 3, 4]);
         assert!(!g.accept(0), "'<' starts <think>: not the constraint's");
-        let mut l = vec![0.5; 6];
+        let mut l = vec![0.5; 7];
         g.apply(&mut l, brace).unwrap_or(());
         assert_eq!(allowed(&l), [1], "only the continuation of <think>");
         assert!(!g.accept(1));
         assert!(!g.accept(2));
-        let mut l = vec![0.5; 6];
+        let mut l = vec![0.5; 7];
         g.apply(&mut l, brace).unwrap_or(());
-        assert_eq!(allowed(&l), [0, 1, 2, 3, 4, 5], "inside: no mask");
+        assert_eq!(
+            allowed(&l),
+            [0, 1, 2, 3, 4, 5],
+            "inside: no mask, no end of turn"
+        );
         assert!(!g.accept(5));
         g.open();
         assert!(
@@ -219,16 +252,45 @@ mod tests {
             "after </think> the constraint takes every token"
         );
         assert_eq!(g.rollback(5), 1);
-        let mut l = vec![0.5; 6];
+        let mut l = vec![0.5; 7];
         g.apply(&mut l, brace).unwrap_or(());
         assert_eq!(allowed(&l), [0, 3, 4], "rolled back to the start");
+    }
+
+    /// A mask that allows only `<` (a grammar such as `<tool_call>…`).
+    fn angle(l: &mut [f32]) -> Result<(), ()> {
+        for (i, x) in l.iter_mut().enumerate() {
+            if i != 0 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_token_the_grammar_allows_is_the_grammars() {
+        let mut g = gate(ReasoningStart::Detect);
+        let mut l = vec![0.5; 7];
+        g.apply(&mut l, angle).unwrap_or(());
+        assert_eq!(allowed(&l), [0, 3]);
+        assert!(
+            g.accept(0),
+            "'<' continues the grammar: the constraint takes it"
+        );
+        let mut l = vec![0.5; 7];
+        g.apply(&mut l, angle).unwrap_or(());
+        assert_eq!(allowed(&l), [0], "open: the grammar's mask alone");
+        let mut g = gate(ReasoningStart::Detect);
+        let mut l = vec![0.5; 7];
+        g.apply(&mut l, angle).unwrap_or(());
+        assert!(!g.accept(3), "<think> only the gate allowed: reasoning");
     }
 
     #[test]
     fn a_grammar_token_first_opens_the_gate() {
         let mut g = gate(ReasoningStart::Detect);
         assert!(g.accept(4));
-        let mut l = vec![0.5; 6];
+        let mut l = vec![0.5; 7];
         g.apply(&mut l, brace).unwrap_or(());
         assert_eq!(allowed(&l), [4]);
     }

@@ -79,13 +79,27 @@ pub fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Respo
 /// it first (`tools[0].function.name must be …`, `logit_bias key "7" must …`,
 /// `response_format.json_schema.schema: …`); `None` when the first word is not a path
 /// into a known request field.
-pub fn error_param(message: &str) -> Option<&str> {
+pub fn error_param(message: &str) -> Option<String> {
+    let is_path = |word: &str| {
+        let root = word.split(['.', '[']).next().unwrap_or("");
+        word.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '"'))
+            && crate::api::validate::is_request_field(root)
+    };
+    // `unknown field "x" in tools[0] (allowed: …)` → `tools[0].x`; at the top level
+    // (`… in generate message`, or the HTTP edge's `unknown field "x"; …`) → `x`.
+    if let Some(rest) = message.strip_prefix("unknown field \"") {
+        let (key, after) = rest.split_once('"')?;
+        let inside = after
+            .strip_prefix(" in ")
+            .and_then(|a| a.split_whitespace().next());
+        return Some(match inside {
+            Some(path) if is_path(path) => format!("{path}.{key}"),
+            _ => key.to_string(),
+        });
+    }
     let word = message.split_whitespace().next()?.trim_end_matches(':');
-    let root = word.split(['.', '[']).next()?;
-    let path_chars = word
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '"'));
-    (path_chars && crate::api::validate::is_request_field(root)).then_some(word)
+    is_path(word).then(|| word.to_string())
 }
 
 /// The HTTP status and OpenAI error `type` of a request error.
@@ -356,20 +370,37 @@ mod tests {
 
     #[test]
     fn param_is_the_field_a_message_starts_with() {
+        let p = |m: &str| error_param(m);
         assert_eq!(
-            error_param("tools[0].function.name must be 1 to 64 characters"),
+            p("tools[0].function.name must be 1 to 64 characters").as_deref(),
             Some("tools[0].function.name")
         );
         assert_eq!(
-            error_param("response_format.json_schema.schema: keyword \"x\""),
+            p("response_format.json_schema.schema: keyword \"x\"").as_deref(),
             Some("response_format.json_schema.schema")
         );
         assert_eq!(
-            error_param("presence_penalty must be in [-2, 2]"),
+            p("presence_penalty must be in [-2, 2]").as_deref(),
             Some("presence_penalty")
         );
-        assert_eq!(error_param("malformed JSON in the request body"), None);
-        assert_eq!(error_param("the request body must be a JSON object"), None);
-        assert_eq!(error_param("id must be a string"), None);
+        assert_eq!(
+            p("unknown field \"x\" in tools[0].function (allowed: name)").as_deref(),
+            Some("tools[0].function.x")
+        );
+        assert_eq!(
+            p("unknown field \"temprature\"; this endpoint accepts …").as_deref(),
+            Some("temprature")
+        );
+        assert_eq!(
+            p("unknown field \"nam\" in messages[0] (allowed: role)").as_deref(),
+            Some("messages[0].nam")
+        );
+        assert_eq!(
+            p("unknown field \"x\" in generate message (allowed: …)").as_deref(),
+            Some("x")
+        );
+        assert_eq!(p("malformed JSON in the request body"), None);
+        assert_eq!(p("the request body must be a JSON object"), None);
+        assert_eq!(p("id must be a string"), None);
     }
 }

@@ -641,7 +641,17 @@ fn chat_delta(text: &str, reasoning: &str, calls: &[ToolCallDelta]) -> Value {
         d.insert("reasoning_content".into(), json!(reasoning));
     }
     if !calls.is_empty() {
-        let pieces: Vec<Value> = calls
+        // One entry per call and chunk: consecutive pieces of a call are joined.
+        let mut merged: Vec<ToolCallDelta> = Vec::new();
+        for c in calls {
+            match merged.last_mut() {
+                Some(m) if m.index == c.index && c.id.is_none() => {
+                    m.arguments.push_str(&c.arguments)
+                }
+                _ => merged.push(c.clone()),
+            }
+        }
+        let pieces: Vec<Value> = merged
             .iter()
             .map(|c| {
                 let mut function = Map::new();

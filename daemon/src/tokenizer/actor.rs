@@ -11,8 +11,8 @@ use crate::detokenizer::tool_calls::ToolFormat;
 use crate::detokenizer::ChannelSpec;
 use crate::error::InferError;
 use crate::request::{
-    CancelFlag, EventSender, FunctionTool, GenerateRequest, PromptInput, SamplingParams, SeqId,
-    StreamEvent, ToolChoice, ToolOptions,
+    CancelFlag, ConstraintSpec, EventSender, FunctionTool, GenerateRequest, PromptInput,
+    SamplingParams, SeqId, StreamEvent, ToolChoice, ToolOptions,
 };
 use crate::sampling::constraint::LazyCompiler;
 use crate::sampling::reasoning_gate::ReasoningGate;
@@ -120,6 +120,18 @@ impl TokenizerActor {
                     .map(|(id, _)| *id);
                 // A named function is called once; `required` may call several when parallel.
                 let many = options.parallel && options.choice == ToolChoice::Required;
+                // Each schema alone first: its errors then name the tool, not the
+                // grammar the calls are embedded in.
+                for (i, t) in &indexed {
+                    let spec = ConstraintSpec::JsonSchema(t.parameters.clone());
+                    compiler.compile(&spec, eog).map_err(|e| {
+                        let reason = e
+                            .message
+                            .strip_prefix("response_format.json_schema.schema: ")
+                            .unwrap_or(&e.message);
+                        InferError::validation(format!("tools[{i}].function.parameters: {reason}"))
+                    })?;
+                }
                 let lark = tool_call_grammar(format, &indexed, many, marker)?;
                 compiler.compile_tool_calls(lark, eog)?
             }
@@ -131,7 +143,7 @@ impl TokenizerActor {
                 let tok = &self.tokenizer;
                 let pieces =
                     ReasoningGate::think_pieces(tok.vocab_size() as u32, |id| tok.token_bytes(id));
-                chain.set_reasoning_gate(ReasoningGate::new(start, pieces));
+                chain.set_reasoning_gate(ReasoningGate::new(start, pieces, eog.to_vec()));
             }
         }
         Ok(chain)

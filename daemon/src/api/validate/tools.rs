@@ -100,6 +100,13 @@ fn parse_tool(i: usize, v: &Value) -> VResult<FunctionTool> {
     };
     let parameters = match optional(f, "parameters") {
         None => serde_json::json!({"type": "object", "properties": {}}),
+        Some(Value::Object(p)) if p.get("type").is_some_and(|t| t != "object") => {
+            return err(format!(
+                "{fat}.parameters.type must be \"object\": a function's arguments are an \
+                 object (got {})",
+                p.get("type").map_or("nothing".into(), quote)
+            ))
+        }
         Some(p @ Value::Object(_)) => p.clone(),
         Some(other) => {
             return err(format!(

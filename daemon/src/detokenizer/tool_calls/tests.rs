@@ -25,7 +25,7 @@ fn run(
 
 fn call(i: u32, name: &str, args: &str) -> ToolCall {
     ToolCall {
-        id: format!("call_0000000000000007{i:08x}"),
+        id: format!("call_{:08x}00000007{i:08x}", process_salt()),
         name: name.into(),
         arguments: args.into(),
     }
@@ -126,7 +126,17 @@ fn unfinished_call_keeps_its_streamed_arguments() {
     assert_eq!(calls, vec![call(0, "f", "{\"a\": \"b")]);
     let (content, calls, _) = run(ToolFormat::Hermes, true, &["<tool_call>\n{\"na"]);
     assert!(calls.is_empty());
-    assert_eq!(content, "<tool_call>\n{\"na");
+    assert_eq!(content, "", "a call cut off before its name is not content");
+    let (content, calls, _) = run(
+        ToolFormat::Hermes,
+        true,
+        &["<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_"],
+    );
+    assert_eq!(
+        (content.as_str(), calls.len()),
+        ("", 1),
+        "the next opener's prefix is dropped"
+    );
 }
 
 #[test]
