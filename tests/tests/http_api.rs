@@ -425,6 +425,7 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
                 assert_eq!(p, Some("presence_penalty"))
             }
             ("messages", p) => assert_eq!(p, Some("messages")),
+            ("unknown field \"foo\"", p) => assert_eq!(p, Some("foo")),
             (_, Some(p)) => assert!(message.starts_with(p), "{p} / {message}"),
             (_, None) => {}
         }
