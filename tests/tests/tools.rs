@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use inferd_e2e::{run_python, test_plugins_dir, Daemon};
+use inferd_e2e::{run_python, test_plugins_dir, Daemon, HttpResponse};
 
 /// A ChatML template that renders `tools` (Hermes format), tool turns, an empty
 /// reasoning block when `enable_thinking` is false (as Qwen3's does), and an opened one
@@ -74,6 +74,12 @@ fn scripted_daemon() -> (Daemon, tempfile::TempDir) {
     ])
     .expect("daemon");
     (d, dir)
+}
+
+/// POSTs `body` to the chat endpoint.
+fn post(d: &Daemon, body: &Value) -> HttpResponse {
+    d.http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
+        .expect("http")
 }
 
 fn script(text: &str, then: &str) -> Value {
@@ -173,9 +179,7 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
         "<think>{THOUGHT}</think>\n\n<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {ARGS}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
     );
     let body = chat_body(json!({"tools": tools(), "plugins": script(&text, "eos")}));
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-        .expect("http");
+    let r = post(&d, &body);
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
     let choice = &v["choices"][0];
@@ -197,9 +201,7 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
 
     let mut sb = body.clone();
     sb["stream"] = json!(true);
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&sb.to_string()))
-        .expect("http");
+    let r = post(&d, &sb);
     let (content, reasoning, scalls, finish) = fold_stream(&r.sse_data());
     assert_eq!(content, "");
     assert_eq!(reasoning, THOUGHT);
@@ -210,9 +212,7 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
     // parallel_tool_calls false keeps the first call only.
     let mut one = body.clone();
     one["parallel_tool_calls"] = json!(false);
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&one.to_string()))
-        .expect("http");
+    let r = post(&d, &one);
     let calls = r.json()["choices"][0]["message"]["tool_calls"].clone();
     assert_eq!(calls.as_array().map(Vec::len), Some(1), "{calls}");
 
@@ -254,9 +254,7 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
     // Two choices: each parses its own calls, with ids of its own.
     let mut two = body.clone();
     two["n"] = json!(2);
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&two.to_string()))
-        .expect("http");
+    let r = post(&d, &two);
     let v = r.json();
     let ids: Vec<&Value> = (0..2)
         .map(|i| &v["choices"][i]["message"]["tool_calls"][0]["id"])
@@ -275,9 +273,7 @@ async fn scripted_reasoning_and_calls_split_into_channels_on_both_edges() {
 
     // A plain answer with tools offered: content, finish stop.
     let body = chat_body(json!({"tools": tools(), "plugins": script("It is sunny.", "eos")}));
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-        .expect("http");
+    let r = post(&d, &body);
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "It is sunny.");
@@ -298,9 +294,7 @@ async fn constraints_start_after_the_reasoning() {
         "chat_template_kwargs": opened,
         "plugins": script(thought, "free"),
     }));
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-        .expect("http");
+    let r = post(&d, &body);
     let v = r.json();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
@@ -322,9 +316,7 @@ async fn constraints_start_after_the_reasoning() {
             "tools": tools(), "tool_choice": "required", "parallel_tool_calls": false,
             "temperature": 0.8, "seed": seed, "max_tokens": 120,
         }));
-        let r = d
-            .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-            .expect("http");
+        let r = post(&d, &body);
         let v = r.json();
         assert_eq!(
             v["choices"][0]["finish_reason"], "tool_calls",
@@ -339,9 +331,7 @@ async fn constraints_start_after_the_reasoning() {
         "chat_template_kwargs": opened,
         "plugins": script(thought, "free"),
     }));
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-        .expect("http");
+    let r = post(&d, &body);
     let v = r.json();
     let m = &v["choices"][0]["message"];
     assert_eq!(m["reasoning_content"], "\nok\n", "{v}");
@@ -361,9 +351,7 @@ async fn constraints_start_after_the_reasoning() {
         "chat_template_kwargs": {"enable_thinking": false},
         "plugins": script("<think>x</think>y", "eos"),
     }));
-    let r = d
-        .http("POST", "/v1/chat/completions", &[], Some(&body.to_string()))
-        .expect("http");
+    let r = post(&d, &body);
     let v = r.json();
     assert_eq!(
         v["choices"][0]["message"]["content"], "<think>x</think>y",

@@ -72,25 +72,26 @@ impl Channels {
         self.tools.as_ref().is_some_and(ToolCallParser::has_calls)
     }
 
-    /// Splits the next released text.
-    pub fn push(&mut self, text: &str) -> ChannelOut {
+    /// Splits the next released text (moved through untouched when there is nothing
+    /// to split: a plain request's text is not copied).
+    pub fn push(&mut self, text: String) -> ChannelOut {
         let mut split = Split::default();
         match self.reasoning.as_mut() {
-            Some(r) => r.push(text, &mut split),
-            None => split.content.push_str(text),
+            Some(r) => r.push(&text, &mut split),
+            None => split.content = text,
         }
         self.answer(split)
     }
 
     /// The output ended: releases everything held.
-    pub fn finish(&mut self, text: &str) -> ChannelOut {
+    pub fn finish(&mut self, text: String) -> ChannelOut {
         let mut split = Split::default();
         match self.reasoning.as_mut() {
             Some(r) => {
-                r.push(text, &mut split);
+                r.push(&text, &mut split);
                 r.finish(&mut split);
             }
-            None => split.content.push_str(text),
+            None => split.content = text,
         }
         let mut out = self.answer(split);
         if let Some(t) = self.tools.as_mut() {
@@ -137,7 +138,7 @@ mod tests {
         let text = "<think>Need the weather.</think>\n\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
         let mut all = ChannelOut::default();
         for ch in text.chars() {
-            let out = c.push(&ch.to_string());
+            let out = c.push(ch.to_string());
             all.content.push_str(&out.content);
             all.reasoning.push_str(&out.reasoning);
             all.tool_calls.extend(out.tool_calls);
@@ -145,7 +146,7 @@ mod tests {
                 assert!(!c.reasoning_ended());
             }
         }
-        let out = c.finish("");
+        let out = c.finish(String::new());
         all.tool_calls.extend(out.tool_calls);
         assert!(c.reasoning_ended() && c.has_tool_calls());
         assert_eq!(all.reasoning, "Need the weather.");
@@ -160,8 +161,8 @@ mod tests {
         let spec = ChannelSpec::default();
         assert!(spec.is_plain());
         let mut c = Channels::new(&spec, 1);
-        assert_eq!(c.push("<think>x").content, "<think>x");
-        assert_eq!(c.finish("y").content, "y");
+        assert_eq!(c.push("<think>x".into()).content, "<think>x");
+        assert_eq!(c.finish("y".into()).content, "y");
         assert!(c.reasoning_ended());
     }
 }

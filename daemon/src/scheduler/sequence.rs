@@ -353,7 +353,7 @@ impl Sequence {
             .find(|(id, _)| *id == token)
             .map_or(bytes, |(_, text)| text.as_bytes());
         let emit = self.output.push(bytes);
-        let out = self.channels.push(&emit.text);
+        let out = self.channels.push(emit.text);
         if self.channels.reasoning_ended() {
             self.chain.reasoning_ended();
         }
@@ -393,7 +393,7 @@ impl Sequence {
         } else {
             self.output.finish()
         };
-        let out = self.channels.finish(&rest);
+        let out = self.channels.finish(rest);
         let flush = !self.unsent_ids.is_empty();
         self.send_delta(out, flush);
         let reason = match reason {
