@@ -1,11 +1,22 @@
 //! The WebSocket protocol v1 at the edge of the daemon (see `docs/protocol.md`).
 //!
+//! - [`body`] reads a `generate` from either edge into one typed serde struct,
+//!   [`body::GenerateBody`] (every field optional; a value of the wrong JSON type is
+//!   refused there, naming the field).
 //! - [`validate`] turns one client text frame into a validated [`ClientMessage`] (or an
-//!   [`ApiError`]): this is the only place client input is checked; everything after it
-//!   works on concrete, in-range values.
+//!   [`ApiError`]), and a [`body::GenerateBody`] into a
+//!   [`crate::request::GenerateRequest`] (`validate::generate_request`): this is the
+//!   only place client input is checked; everything after it works on concrete,
+//!   in-range values.
+//! - [`openai`] reads the OpenAI-compatible bodies (`/v1/chat/completions`,
+//!   `/v1/completions`): the keys each endpoint accepts, its own fields (`model`,
+//!   `stream`, `stream_options`, the completions' integer `logprobs`, ...) and the
+//!   forms it normalises, then the same validation as a WebSocket frame.
 //! - [`wire`] renders server frames, and is the one place that maps
 //!   [`InferError`] to the wire (`{"type":"error","id":...,"error":{"type":TAG,"message":...}}`).
 
+pub mod body;
+pub mod openai;
 pub mod validate;
 pub mod wire;
 

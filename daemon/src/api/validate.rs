@@ -7,6 +7,7 @@
 
 use serde_json::{Map, Number, Value};
 
+use super::body::{GenerateBody, Int, Num};
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
 use crate::request::{
@@ -23,9 +24,6 @@ pub const MAX_TEMPERATURE: f64 = 100.0;
 pub const MAX_STOP_SEQUENCES: usize = 16;
 /// Longest stop sequence, in bytes of UTF-8.
 pub const MAX_STOP_BYTES: usize = 512;
-
-/// Longest rendering of a client value quoted back in an error message.
-const MAX_QUOTED_CHARS: usize = 64;
 
 const GENERATE_FIELDS: &[&str] = &[
     "type",
@@ -77,8 +75,6 @@ const CANCEL_FIELDS: &[&str] = &["type", "id"];
 const STATS_FIELDS: &[&str] = &["type", "id"];
 const TOKENIZE_FIELDS: &[&str] = &["type", "id", "text", "special"];
 const DETOKENIZE_FIELDS: &[&str] = &["type", "id", "token_ids"];
-const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
-const PART_FIELDS: &[&str] = &["type", "text"];
 
 type VResult<T> = Result<T, InferError>;
 
@@ -156,7 +152,7 @@ pub fn parse_client_message(
     }
     let id = id.map_err(with_id)?;
     let result = match kind {
-        MessageType::Generate => parse_generate(obj, id, defaults, vocab_size),
+        MessageType::Generate => parse_generate(&value, obj, id, defaults, vocab_size),
         MessageType::Cancel => check_fields(obj, CANCEL_FIELDS, "cancel message")
             .map(|()| ClientMessage::Cancel { id }),
         MessageType::Tokenize => parse_tokenize(obj, id),
@@ -167,33 +163,67 @@ pub fn parse_client_message(
     result.map_err(with_id)
 }
 
-/// Validates a `generate` object built by another edge (the OpenAI-compatible HTTP API
-/// translates its bodies into one), with the same rules and messages as a frame.
+/// Validates a [`GenerateBody`] read from either edge (a WebSocket `generate` frame or
+/// an OpenAI-compatible body, whose edge-specific forms [`super::openai`] has already
+/// normalised) into a request with concrete values: the one validation of a
+/// `generate`. Which keys the edge accepts is checked before the body is read.
 ///
 /// # Errors
 /// A [`crate::error::ErrorKind::Validation`] error naming the field, bound and value.
-pub fn parse_generate_object(
-    obj: &Map<String, Value>,
+pub fn generate_request(
+    body: &GenerateBody,
     id: String,
     defaults: &SamplingDefaults,
     vocab_size: usize,
 ) -> Result<GenerateRequest, InferError> {
-    match parse_generate(obj, id, defaults, vocab_size)? {
-        ClientMessage::Generate(request) => Ok(*request),
-        _ => Err(InferError::internal("generate parsed into another message")),
+    let input = match (&body.messages, &body.prompt) {
+        (Some(_), Some(_)) => {
+            return Err(InferError::validation(
+                "exactly one of messages or prompt is allowed (got both)",
+            ))
+        }
+        (None, None) => {
+            return Err(InferError::validation(
+                "exactly one of messages or prompt is required (got neither)",
+            ))
+        }
+        (Some(messages), None) => PromptInput::Messages(parse_messages(messages)?),
+        (None, Some(Value::Array(ids))) => PromptInput::Tokens(parse_prompt_ids(ids, vocab_size)?),
+        (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
+    };
+    let sampling = parse_sampling(body, defaults, vocab_size)?;
+    choices::check_echo_input(sampling.echo, !matches!(input, PromptInput::Messages(_)))?;
+    let plugins = match &body.plugins {
+        None => Vec::new(),
+        Some(v) => parse_plugins(v)?,
+    };
+    let cache = parse_cache(body)?;
+    let is_chat = matches!(input, PromptInput::Messages(_));
+    let tools = tools::parse_tool_options(body, is_chat)?;
+    if let (Some(t), Some(_)) = (&tools, &sampling.constraint) {
+        if t.forced().is_some() {
+            return Err(InferError::validation(
+                "response_format cannot be combined with tool_choice \"required\" or a named \
+                 function (the call's arguments are already constrained)",
+            ));
+        }
     }
+    let template_kwargs =
+        tools::parse_template_kwargs(body.chat_template_kwargs.as_ref(), is_chat)?;
+    Ok(GenerateRequest {
+        client_id: id,
+        input,
+        sampling,
+        plugins,
+        cache,
+        tools,
+        template_kwargs,
+    })
 }
 
 /// Checks configured defaults against the client bounds (see [`SamplingDefaults::check`]).
 pub(super) fn check_defaults(d: &SamplingDefaults, vocab_size: usize) -> VResult<()> {
     let prefixed = |e: InferError| InferError::validation(format!("default {}", e.message));
-    let float = |v: f32| Number::from_f64(f64::from(v)).map_or(Value::Null, Value::Number);
-    let mut obj = Map::new();
-    obj.insert("temperature".into(), float(d.temperature));
-    obj.insert("top_p".into(), float(d.top_p));
-    obj.insert("min_p".into(), float(d.min_p));
-    obj.insert("top_k".into(), Value::from(d.top_k as u64));
-    obj.insert("max_tokens".into(), Value::from(d.max_tokens as u64));
     for (field, v) in [
         ("temperature", d.temperature),
         ("top_p", d.top_p),
@@ -205,9 +235,18 @@ pub(super) fn check_defaults(d: &SamplingDefaults, vocab_size: usize) -> VResult
             )));
         }
     }
-    // The same parser as for a client frame, with the defaults as the frame's values.
+    let float = |v: f32| Number::from_f64(f64::from(v)).map(Num);
+    // The same validation as a client's body, with the defaults as its values.
+    let body = GenerateBody {
+        temperature: float(d.temperature),
+        top_p: float(d.top_p),
+        min_p: float(d.min_p),
+        top_k: Some(Int((d.top_k as u64).into())),
+        max_tokens: Some(Int((d.max_tokens as u64).into())),
+        ..GenerateBody::default()
+    };
     let fallback = SamplingDefaults::default();
-    parse_sampling(&obj, &fallback, vocab_size)
+    parse_sampling(&body, &fallback, vocab_size)
         .map(|_| ())
         .map_err(prefixed)
 }
@@ -286,7 +325,9 @@ fn optional<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
+/// A `generate` frame: its keys checked, then read as a [`GenerateBody`] and validated.
 fn parse_generate(
+    value: &Value,
     obj: &Map<String, Value>,
     id: String,
     defaults: &SamplingDefaults,
@@ -297,79 +338,26 @@ fn parse_generate(
         &[GENERATE_FIELDS, STEERING_FIELDS, tools::TOOL_FIELDS].concat(),
         "generate message",
     )?;
-    let input = match (optional(obj, "messages"), optional(obj, "prompt")) {
-        (Some(_), Some(_)) => {
-            return Err(InferError::validation(
-                "exactly one of messages or prompt is allowed (got both)",
-            ))
-        }
-        (None, None) => {
-            return Err(InferError::validation(
-                "exactly one of messages or prompt is required (got neither)",
-            ))
-        }
-        (Some(messages), None) => PromptInput::Messages(parse_messages(messages)?),
-        (None, Some(Value::Array(ids))) => PromptInput::Tokens(parse_prompt_ids(ids, vocab_size)?),
-        (None, Some(prompt)) => PromptInput::Text(parse_prompt(prompt)?),
-    };
-    let sampling = parse_sampling(obj, defaults, vocab_size)?;
-    choices::check_echo_input(sampling.echo, !matches!(input, PromptInput::Messages(_)))?;
-    let plugins = match optional(obj, "plugins") {
-        None => Vec::new(),
-        Some(v) => parse_plugins(v)?,
-    };
-    let cache = parse_cache(obj)?;
-    let is_chat = matches!(input, PromptInput::Messages(_));
-    let tools = tools::parse_tool_options(obj, is_chat)?;
-    if let (Some(t), Some(_)) = (&tools, &sampling.constraint) {
-        if t.forced().is_some() {
-            return Err(InferError::validation(
-                "response_format cannot be combined with tool_choice \"required\" or a named \
-                 function (the call's arguments are already constrained)",
-            ));
-        }
-    }
-    let template_kwargs = tools::parse_template_kwargs(obj, is_chat)?;
-    Ok(ClientMessage::Generate(Box::new(GenerateRequest {
-        client_id: id,
-        input,
-        sampling,
-        plugins,
-        cache,
-        tools,
-        template_kwargs,
-    })))
+    let body = GenerateBody::from_value(value)?;
+    generate_request(&body, id, defaults, vocab_size).map(|r| ClientMessage::Generate(Box::new(r)))
 }
 
 /// `cache` (boolean, default true) and `cache_salt` (string of 1..=256 bytes).
-fn parse_cache(obj: &Map<String, Value>) -> VResult<CacheOptions> {
-    let enabled = match optional(obj, "cache") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(InferError::validation(format!(
-                "cache must be a boolean (got {})",
-                quote(v)
-            )))
-        }
-    };
-    let salt = match optional(obj, "cache_salt") {
+fn parse_cache(body: &GenerateBody) -> VResult<CacheOptions> {
+    let salt = match &body.cache_salt {
         None => String::new(),
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_CACHE_SALT_BYTES => s.clone(),
-        Some(Value::String(s)) => {
+        Some(s) if !s.is_empty() && s.len() <= MAX_CACHE_SALT_BYTES => s.clone(),
+        Some(s) => {
             return Err(InferError::validation(format!(
                 "cache_salt must be 1 to {MAX_CACHE_SALT_BYTES} bytes (got {} bytes)",
                 s.len()
             )))
         }
-        Some(v) => {
-            return Err(InferError::validation(format!(
-                "cache_salt must be a string (got {})",
-                quote(v)
-            )))
-        }
     };
-    Ok(CacheOptions { enabled, salt })
+    Ok(CacheOptions {
+        enabled: body.cache.unwrap_or(true),
+        salt,
+    })
 }
 
 /// `plugins`: an array of `{"name": string, "config": any JSON (default {})}`. Whether
@@ -452,135 +440,15 @@ fn parse_prompt(v: &Value) -> VResult<String> {
     }
 }
 
-fn parse_messages(v: &Value) -> VResult<Vec<ChatMessage>> {
-    let Value::Array(items) = v else {
-        return Err(InferError::validation(format!(
-            "messages must be an array of messages (got {})",
-            quote(v)
-        )));
-    };
-    if items.is_empty() {
-        return Err(InferError::validation(
-            "messages must be a non-empty array (got [])",
-        ));
-    }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| parse_message(i, item))
-        .collect()
-}
-
-fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
-    let Value::Object(obj) = v else {
-        return Err(InferError::validation(format!(
-            "messages[{i}] must be an object with role and content (got {})",
-            quote(v)
-        )));
-    };
-    check_fields(obj, MESSAGE_FIELDS, &format!("messages[{i}]"))?;
-    let role = match obj.get("role") {
-        None => {
-            return Err(InferError::validation(format!(
-                "messages[{i}] is missing field \"role\""
-            )))
-        }
-        Some(Value::String(s)) if s.is_empty() => {
-            return Err(InferError::validation(format!(
-                "messages[{i}].role must be a non-empty string"
-            )))
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(InferError::validation(format!(
-                "messages[{i}].role must be a string (got {})",
-                quote(other)
-            )))
-        }
-    };
-    let tool_calls = match optional(obj, "tool_calls") {
-        None => Vec::new(),
-        Some(v) => tools::parse_message_calls(i, v)?,
-    };
-    let content = match obj.get("content") {
-        // An assistant turn that only calls tools has no content.
-        None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
-        None => {
-            return Err(InferError::validation(format!(
-                "messages[{i}] is missing field \"content\""
-            )))
-        }
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parse_parts(i, parts)?,
-        Some(other) => {
-            return Err(InferError::validation(format!(
-                "messages[{i}].content must be a string or an array of text parts (got {})",
-                quote(other)
-            )))
-        }
-    };
-    Ok(ChatMessage {
-        role,
-        content,
-        tool_calls,
-        tool_call_id: tools::message_string(i, obj, "tool_call_id")?,
-        name: tools::message_string(i, obj, "name")?,
-    })
-}
-
-/// Concatenates the texts of `[{"type":"text","text":"..."}, ...]`.
-fn parse_parts(i: usize, parts: &[Value]) -> VResult<String> {
-    let mut content = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        let at = format!("messages[{i}].content[{j}]");
-        let Value::Object(obj) = part else {
-            return Err(InferError::validation(format!(
-                "{at} must be an object {{\"type\":\"text\",\"text\":...}} (got {})",
-                quote(part)
-            )));
-        };
-        check_fields(obj, PART_FIELDS, &at)?;
-        match obj.get("type") {
-            Some(Value::String(t)) if t == "text" => {}
-            None => {
-                return Err(InferError::validation(format!(
-                    "{at} is missing field \"type\" (expected \"text\")"
-                )))
-            }
-            Some(other) => {
-                return Err(InferError::validation(format!(
-                    "{at}.type must be \"text\" (got {}): only text parts are supported",
-                    quote(other)
-                )))
-            }
-        }
-        match obj.get("text") {
-            Some(Value::String(t)) => content.push_str(t),
-            None => {
-                return Err(InferError::validation(format!(
-                    "{at} is missing field \"text\""
-                )))
-            }
-            Some(other) => {
-                return Err(InferError::validation(format!(
-                    "{at}.text must be a string (got {})",
-                    quote(other)
-                )))
-            }
-        }
-    }
-    Ok(content)
-}
-
 fn parse_sampling(
-    obj: &Map<String, Value>,
+    body: &GenerateBody,
     defaults: &SamplingDefaults,
     vocab_size: usize,
 ) -> VResult<SamplingParams> {
-    let temperature = match optional(obj, "temperature") {
+    let temperature = match &body.temperature {
         None => defaults.temperature,
         Some(v) => {
-            let (t, text) = number("temperature", v)?;
+            let (t, text) = number(v);
             if t.is_nan() || t < 0.0 {
                 return Err(InferError::validation(format!(
                     "temperature must be >= 0 (got {text})"
@@ -594,7 +462,7 @@ fn parse_sampling(
             t as f32
         }
     };
-    let top_k = match optional(obj, "top_k") {
+    let top_k = match &body.top_k {
         None => defaults.top_k,
         Some(v) => {
             let k = unsigned("top_k", v, 0, vocab_size as u64, "the vocabulary size ")?;
@@ -602,10 +470,10 @@ fn parse_sampling(
             usize::try_from(k).unwrap_or(vocab_size)
         }
     };
-    let top_p = match optional(obj, "top_p") {
+    let top_p = match &body.top_p {
         None => defaults.top_p,
         Some(v) => {
-            let (p, text) = number("top_p", v)?;
+            let (p, text) = number(v);
             let p32 = p as f32;
             // Checked on the f32 too: 1e-300 > 0 but rounds to 0.0f32.
             if !(p > 0.0 && p <= 1.0) {
@@ -624,10 +492,10 @@ fn parse_sampling(
             p32.min(1.0)
         }
     };
-    let min_p = match optional(obj, "min_p") {
+    let min_p = match &body.min_p {
         None => defaults.min_p,
         Some(v) => {
-            let (p, text) = number("min_p", v)?;
+            let (p, text) = number(v);
             if !(0.0..=1.0).contains(&p) {
                 return Err(InferError::validation(format!(
                     "min_p must be in [0, 1] (got {text})"
@@ -636,23 +504,28 @@ fn parse_sampling(
             (p as f32).clamp(0.0, 1.0)
         }
     };
-    let seed = match optional(obj, "seed") {
+    let seed = match &body.seed {
         None => rand::random::<u64>(),
         Some(v) => unsigned("seed", v, 0, u64::MAX, "")?,
     };
-    let (n, echo) = choices::parse_choices(obj)?;
-    let max_tokens = match optional(obj, "max_tokens") {
+    let (n, echo) = choices::parse_choices(body)?;
+    // OpenAI chat's max_completion_tokens replaces max_tokens; errors name the one given.
+    let max_tokens = match (&body.max_completion_tokens, &body.max_tokens) {
+        (Some(v), _) => Some(("max_completion_tokens", v)),
+        (None, v) => v.as_ref().map(|v| ("max_tokens", v)),
+    };
+    let max_tokens = match max_tokens {
         None => defaults.max_tokens,
-        Some(v) => {
-            let n = choices::parse_max_tokens(v, echo, MAX_MAX_TOKENS)?;
+        Some((field, v)) => {
+            let n = choices::parse_max_tokens(field, v, echo, MAX_MAX_TOKENS)?;
             usize::try_from(n).unwrap_or(defaults.max_tokens)
         }
     };
-    let stop = match optional(obj, "stop") {
+    let stop = match &body.stop {
         None => Vec::new(),
         Some(v) => parse_stop(v)?,
     };
-    let steering = parse_steering(obj, max_tokens, vocab_size)?;
+    let steering = parse_steering(body, max_tokens, vocab_size)?;
     Ok(SamplingParams {
         temperature,
         top_k,
@@ -760,137 +633,15 @@ fn parse_detokenize(
     Ok(ClientMessage::Detokenize { id, token_ids })
 }
 
-/// `field`'s items as token ids, each an integer below `vocab_size`.
-fn token_ids(field: &str, items: &[Value], vocab_size: usize) -> VResult<Vec<u32>> {
-    let name = field;
-    // Ids are u32 on the wire; a vocabulary never exceeds that.
-    let limit = u64::try_from(vocab_size)
-        .unwrap_or(u64::MAX)
-        .min(u64::from(u32::MAX) + 1);
-    let mut token_ids = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let field = format!("{name}[{i}]");
-        let id = match integer(&field, item)? {
-            Int::Unsigned(n) if n < limit => n,
-            Int::Negative => {
-                return Err(InferError::validation(format!(
-                    "{field} must be >= 0 (got {})",
-                    quote(item)
-                )))
-            }
-            Int::Unsigned(_) | Int::TooLarge => {
-                return Err(InferError::validation(format!(
-                    "{field} must be < the vocabulary size {vocab_size} (got {})",
-                    quote(item)
-                )))
-            }
-        };
-        token_ids.push(u32::try_from(id).unwrap_or(u32::MAX));
-    }
-    Ok(token_ids)
-}
-
-/// A JSON number as `f64` plus its text as sent, or a type error naming `field`.
-fn number(field: &str, v: &Value) -> VResult<(f64, String)> {
-    match v {
-        Value::Number(n) => {
-            // Only `arbitrary_precision` builds can yield None or a non-finite value
-            // here; report those as out of range through the NaN/inf that follows.
-            let f = n.as_f64().unwrap_or(f64::NAN);
-            Ok((f, n.to_string()))
-        }
-        other => Err(InferError::validation(format!(
-            "{field} must be a number (got {})",
-            quote(other)
-        ))),
-    }
-}
-
-/// Classification of a JSON number expected to be an integer.
-enum Int {
-    /// Fits a `u64`.
-    Unsigned(u64),
-    /// Below zero (any magnitude).
-    Negative,
-    /// An integer above `u64::MAX`.
-    TooLarge,
-}
-
-/// Reads an integer literal. Integers beyond the 64-bit range arrive as floats; they
-/// are classified by sign. Other non-integral numbers (`1.5`, `40.0`, `1e3`) are type
-/// errors.
-fn integer(field: &str, v: &Value) -> VResult<Int> {
-    let Value::Number(n) = v else {
-        return Err(InferError::validation(format!(
-            "{field} must be an integer (got {})",
-            quote(v)
-        )));
-    };
-    if let Some(u) = n.as_u64() {
-        return Ok(Int::Unsigned(u));
-    }
-    if n.as_i64().is_some() {
-        return Ok(Int::Negative);
-    }
-    // An integer literal outside [-2^63, 2^64) overflows to a float; a float literal
-    // (`40.0`, `1e3`, `1.5`) stays a type error.
-    const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
-    const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
-    let f = n.as_f64().unwrap_or(f64::NAN);
-    if f.fract() == 0.0 || f.is_infinite() {
-        if f >= TWO_POW_64 {
-            return Ok(Int::TooLarge);
-        }
-        if f <= -TWO_POW_63 {
-            return Ok(Int::Negative);
-        }
-    }
-    Err(InferError::validation(format!(
-        "{field} must be an integer (got {n})"
-    )))
-}
-
-/// An integer in `[min, max]`. `max_label` precedes `max` in the message
-/// (e.g. `"the vocabulary size "`).
-fn unsigned(field: &str, v: &Value, min: u64, max: u64, max_label: &str) -> VResult<u64> {
-    let too_small =
-        || InferError::validation(format!("{field} must be >= {min} (got {})", quote(v)));
-    let too_large = || {
-        InferError::validation(format!(
-            "{field} must be <= {max_label}{max} (got {})",
-            quote(v)
-        ))
-    };
-    match integer(field, v)? {
-        Int::Negative => Err(too_small()),
-        Int::TooLarge => Err(too_large()),
-        Int::Unsigned(n) if n < min => Err(too_small()),
-        Int::Unsigned(n) if n > max => Err(too_large()),
-        Int::Unsigned(n) => Ok(n),
-    }
-}
-
-/// Compact JSON of a client value for an error message, cut to a readable length.
-pub fn quote(v: &Value) -> String {
-    shorten(v.to_string())
-}
-
-/// A string as a JSON string literal, cut to a readable length.
-fn quote_str(s: &str) -> String {
-    quote(&Value::String(s.to_owned()))
-}
-
-fn shorten(text: String) -> String {
-    match text.char_indices().nth(MAX_QUOTED_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
-    }
-}
-
 mod choices;
+mod messages;
+mod scalars;
 mod steering;
 mod tools;
 
+use messages::parse_messages;
+pub use scalars::quote;
+use scalars::{integer_number, number, number_value, quote_str, token_ids, unsigned, IntClass};
 use steering::parse_steering;
 
 #[cfg(test)]

@@ -3,12 +3,10 @@
 //! <https://platform.openai.com/docs/api-reference/chat>), with `stream: true` as
 //! server-sent events (`data: {chunk}` lines, then `data: [DONE]`).
 //!
-//! A request body is translated into a protocol-v1 `generate` object and validated by
-//! the same code as a WebSocket frame ([`crate::api::validate::parse_generate_object`]),
-//! so both edges accept and refuse the same values with the same messages. OpenAI
-//! fields inferd cannot honour yet (`best_of` > 1, `suffix`, ...)
-//! are refused with a 400 naming the field rather than silently ignored. `n` choices
-//! and the completions' `echo` are assembled in [`super::openai_choices`].
+//! A request body is read and validated in [`crate::api::openai`] (typed, with the same
+//! validation as a WebSocket frame, so both edges accept and refuse the same values with
+//! the same messages); this file answers it. `n` choices and the completions' `echo` are
+//! assembled in [`super::openai_choices`].
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -20,11 +18,13 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 
+pub use crate::api::openai::Endpoint;
+
 use super::http::{self, Body, FrameStream};
 use super::openai_choices::{split_choice, with_index, Collected, Collector, UsageSum};
 use super::openai_logprobs::{chat_logprobs, completion_logprobs};
 use super::{unix_now, Engine, State, Tracked};
-use crate::api::validate::{parse_generate_object, quote, STEERING_FIELDS};
+use crate::api::openai::{parse_body, BodyError, ResponseOptions};
 use crate::error::InferError;
 use crate::request::tools::fold_tool_calls;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, ToolCallDelta, Usage};
@@ -33,54 +33,6 @@ use crate::sampling::TokenLogprobs;
 /// Longest wait for a request body to arrive, as for its headers (hyper's
 /// `header_read_timeout`), so half-sent requests cannot hold connections open.
 const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Which endpoint a request came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `/v1/chat/completions`: `messages` in, `message`/`delta` out.
-    Chat,
-    /// `/v1/completions`: `prompt` in, `text` out.
-    Completion,
-}
-
-/// Fields passed to the `generate` validator unchanged (the extensions `top_k`,
-/// `min_p`, `plugins`, `cache`, `cache_salt` included), with [`STEERING_FIELDS`].
-/// (`echo` on the chat endpoint is refused there, naming it.)
-const PASSED: &[&str] = &[
-    "n",
-    "echo",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "plugins",
-    "cache",
-    "cache_salt",
-];
-/// Most alternatives the completions endpoint's integer `logprobs` may ask for
-/// (OpenAI's bound).
-const MAX_COMPLETION_LOGPROBS: u64 = 5;
-/// Fields read here.
-const COMMON: &[&str] = &[
-    "model",
-    "stream",
-    "stream_options",
-    "max_tokens",
-    "user",
-    "logprobs",
-];
-const CHAT_ONLY: &[&str] = &[
-    "messages",
-    "max_completion_tokens",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "chat_template_kwargs",
-];
-const COMPLETION_ONLY: &[&str] = &["prompt", "suffix", "best_of"];
 
 /// A refused request: the error response (boxed: it is the rare path).
 struct Refusal(Box<Response<Body>>);
@@ -91,15 +43,25 @@ impl From<InferError> for Refusal {
     }
 }
 
-/// A field inferd does not implement, the test its value must pass (its neutral
-/// value), and what the error message says is allowed.
-type Neutral = (&'static str, fn(&Value) -> bool, &'static str);
+impl From<BodyError> for Refusal {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::Invalid(e) => e.into(),
+            BodyError::ModelNotFound(message) => Refusal(Box::new(http::error(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                "model_not_found",
+                &message,
+            ))),
+        }
+    }
+}
 
 fn invalid(message: String) -> Refusal {
     InferError::validation(message).into()
 }
 
-/// What the translation keeps for the response.
+/// What the response needs of the request.
 struct Options {
     stream: bool,
     include_usage: bool,
@@ -129,11 +91,6 @@ async fn try_generate(
     endpoint: Endpoint,
 ) -> Result<Response<Body>, Refusal> {
     let body = read_body(req, engine.max_message_bytes).await?;
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| invalid(format!("malformed JSON in the request body: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(invalid("the request body must be a JSON object".into()));
-    };
     let id = format!(
         "{}-{:016x}",
         match endpoint {
@@ -142,18 +99,27 @@ async fn try_generate(
         },
         rand::random::<u64>()
     );
-    let (generate, mut options) = translate(&obj, endpoint, &engine.model_id, &id)?;
-    let request = parse_generate_object(&generate, id.clone(), &engine.defaults, engine.vocab_size)
-        .map_err(|mut e| {
-            // The value came from max_completion_tokens: name that field.
-            if given(&obj, "max_completion_tokens").is_some() {
-                if let Some(rest) = e.message.strip_prefix("max_tokens ") {
-                    e.message = format!("max_completion_tokens {rest}");
-                }
-            }
-            e
-        })?;
-    options.n = request.sampling.n;
+    let (
+        request,
+        ResponseOptions {
+            stream,
+            include_usage,
+            logprobs,
+        },
+    ) = parse_body(
+        &body,
+        endpoint,
+        &engine.model_id,
+        id.clone(),
+        &engine.defaults,
+        engine.vocab_size,
+    )?;
+    let options = Options {
+        stream,
+        include_usage,
+        logprobs,
+        n: request.sampling.n,
+    };
     let (tracked, mut rx) = state.start_request(engine, request)?;
     let reply = Reply {
         endpoint,
@@ -213,194 +179,6 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusa
             ),
         )))),
     }
-}
-
-/// Absent and `null` are the same.
-fn given<'a>(obj: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
-    obj.get(field).filter(|v| !v.is_null())
-}
-
-/// Translates an OpenAI request body into a protocol-v1 `generate` object.
-fn translate(
-    obj: &Map<String, Value>,
-    endpoint: Endpoint,
-    model_id: &str,
-    id: &str,
-) -> Result<(Map<String, Value>, Options), Refusal> {
-    let own = match endpoint {
-        Endpoint::Chat => CHAT_ONLY,
-        Endpoint::Completion => COMPLETION_ONLY,
-    };
-    if let Some(k) = obj.keys().find(|k| {
-        ![PASSED, STEERING_FIELDS, COMMON, own]
-            .iter()
-            .any(|l| l.contains(&k.as_str()))
-    }) {
-        let mut known: Vec<&str> = [PASSED, STEERING_FIELDS, COMMON, own].concat();
-        known.sort_unstable();
-        return Err(invalid(format!(
-            "unknown field {k:?}; this endpoint accepts {}",
-            known.join(", ")
-        )));
-    }
-    if let Some(m) = given(obj, "model") {
-        match m.as_str() {
-            Some(name) if name == model_id => {}
-            Some(name) => {
-                return Err(Refusal(Box::new(http::error(
-                    StatusCode::NOT_FOUND,
-                    "not_found_error",
-                    "model_not_found",
-                    &format!(
-                        "model: the model {name:?} does not exist; this daemon serves {model_id:?}"
-                    ),
-                ))))
-            }
-            None => {
-                return Err(invalid(format!(
-                    "model must be a string (got {})",
-                    quote(m)
-                )))
-            }
-        }
-    }
-    // Fields inferd does not implement: only their neutral values are accepted.
-    let neutral: &[Neutral] = &[
-        ("best_of", |v| v.as_f64() == Some(1.0), "1"),
-        ("suffix", |v| v.as_str() == Some(""), "\"\" or null"),
-        ("user", Value::is_string, "a string"),
-    ];
-    for (field, ok, allowed) in neutral {
-        if let Some(v) = given(obj, field) {
-            if !ok(v) {
-                return Err(invalid(format!(
-                    "{field} must be {allowed} (got {})",
-                    quote(v)
-                )));
-            }
-        }
-    }
-    let stream = match given(obj, "stream") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(invalid(format!(
-                "stream must be a boolean (got {})",
-                quote(v)
-            )))
-        }
-    };
-    let include_usage = match given(obj, "stream_options") {
-        None => false,
-        Some(_) if !stream => {
-            return Err(invalid(
-                "stream_options is only allowed with stream: true".into(),
-            ))
-        }
-        Some(Value::Object(o)) => {
-            if let Some(k) = o.keys().find(|k| *k != "include_usage") {
-                return Err(invalid(format!(
-                    "stream_options: unknown field {k:?}; it accepts include_usage"
-                )));
-            }
-            match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => {
-                    return Err(invalid(format!(
-                        "stream_options.include_usage must be a boolean (got {})",
-                        quote(v)
-                    )))
-                }
-            }
-        }
-        Some(v) => {
-            return Err(invalid(format!(
-                "stream_options must be an object (got {})",
-                quote(v)
-            )))
-        }
-    };
-    let mut out = Map::new();
-    out.insert("type".into(), json!("generate"));
-    out.insert("id".into(), json!(id));
-    for field in PASSED.iter().chain(STEERING_FIELDS) {
-        if let Some(v) = obj.get(*field) {
-            out.insert((*field).into(), v.clone());
-        }
-    }
-    // max_completion_tokens replaces max_tokens in OpenAI's chat API; both are read.
-    let max_tokens = given(obj, "max_completion_tokens").or_else(|| given(obj, "max_tokens"));
-    if let Some(v) = max_tokens {
-        out.insert("max_tokens".into(), v.clone());
-    }
-    match endpoint {
-        Endpoint::Chat => {
-            let messages = obj.get("messages").cloned().unwrap_or(Value::Null);
-            out.insert("messages".into(), messages);
-            for field in [
-                "logprobs",
-                "top_logprobs",
-                "tools",
-                "tool_choice",
-                "parallel_tool_calls",
-                "chat_template_kwargs",
-            ] {
-                if let Some(v) = obj.get(field) {
-                    out.insert(field.into(), v.clone());
-                }
-            }
-        }
-        Endpoint::Completion => {
-            let prompt = match obj.get("prompt") {
-                Some(Value::Array(a)) if a.len() == 1 && (a[0].is_string() || a[0].is_array()) => {
-                    a[0].clone()
-                }
-                // Token ids (validated as such by the generate parser).
-                Some(Value::Array(a)) if a.iter().all(Value::is_number) => Value::Array(a.clone()),
-                Some(Value::Array(a)) => {
-                    return Err(invalid(format!(
-                        "prompt must be a string, an array of token ids, or an array of one \
-                         of those (batches of prompts are not supported; got an array of {} \
-                         items)",
-                        a.len()
-                    )))
-                }
-                Some(v) => v.clone(),
-                None => Value::Null,
-            };
-            out.insert("prompt".into(), prompt);
-            // The legacy integer `logprobs`: that many alternatives, 0 for the sampled
-            // token's only.
-            if let Some(v) = given(obj, "logprobs") {
-                let n = match v.as_u64() {
-                    Some(n) if n <= MAX_COMPLETION_LOGPROBS => n,
-                    _ => {
-                        return Err(invalid(format!(
-                            "logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] on \
-                             /v1/completions (got {})",
-                            quote(v)
-                        )))
-                    }
-                };
-                out.insert("logprobs".into(), json!(true));
-                out.insert("top_logprobs".into(), json!(n));
-            }
-        }
-    }
-    let logprobs = match endpoint {
-        Endpoint::Chat => given(obj, "logprobs") == Some(&Value::Bool(true)),
-        Endpoint::Completion => given(obj, "logprobs").is_some(),
-    };
-    Ok((
-        out,
-        Options {
-            stream,
-            include_usage,
-            logprobs,
-            n: 1,
-        },
-    ))
 }
 
 /// The identity of one response (shared by its chunks).
@@ -749,140 +527,5 @@ async fn collect(
         let mut body = reply.envelope(false, Value::Array(choices));
         body.insert("usage".into(), usage_json(&usage));
         return Ok(http::json(StatusCode::OK, &Value::Object(body)));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tr(body: Value, ep: Endpoint) -> Result<(Map<String, Value>, Options), String> {
-        let Value::Object(obj) = body else {
-            panic!("object")
-        };
-        translate(&obj, ep, "m", "x").map_err(|Refusal(r)| r.status().to_string())
-    }
-
-    #[test]
-    fn chat_fields_map_onto_generate() {
-        let (g, o) = tr(
-            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                   "max_completion_tokens": 5, "max_tokens": 9, "temperature": 0,
-                   "stream": true, "stream_options": {"include_usage": true}, "n": 1,
-                   "top_k": 3, "presence_penalty": 0, "user": "u"}),
-            Endpoint::Chat,
-        )
-        .expect("valid");
-        assert_eq!(g["max_tokens"], json!(5));
-        assert_eq!(g["temperature"], json!(0));
-        assert_eq!(g["top_k"], json!(3));
-        assert_eq!(g["type"], json!("generate"));
-        assert_eq!(g["id"], json!("x"));
-        assert!(g.get("model").is_none() && g.get("user").is_none());
-        assert!(o.stream && o.include_usage);
-    }
-
-    /// Penalties, bias and log-probabilities pass through to the validator; the
-    /// completions endpoint's integer `logprobs` becomes `top_logprobs`.
-    #[test]
-    fn steering_fields_pass_through() {
-        let (g, o) = tr(
-            json!({"messages": [], "presence_penalty": 0.5, "frequency_penalty": -1,
-                   "logit_bias": {"1": 5}, "logprobs": true, "top_logprobs": 3,
-                   "repetition_penalty": 1.1, "repeat_last_n": 8, "min_tokens": 2}),
-            Endpoint::Chat,
-        )
-        .expect("valid");
-        for (k, v) in [
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(-1)),
-            ("logit_bias", json!({"1": 5})),
-            ("logprobs", json!(true)),
-            ("top_logprobs", json!(3)),
-            ("repetition_penalty", json!(1.1)),
-            ("repeat_last_n", json!(8)),
-            ("min_tokens", json!(2)),
-        ] {
-            assert_eq!(g[k], v, "{k}");
-        }
-        assert!(o.logprobs);
-        let (g, o) = tr(json!({"prompt": "x", "logprobs": 2}), Endpoint::Completion).expect("ok");
-        assert_eq!(
-            (&g["logprobs"], &g["top_logprobs"]),
-            (&json!(true), &json!(2))
-        );
-        assert!(o.logprobs);
-        let (g, o) = tr(
-            json!({"prompt": "x", "logprobs": null}),
-            Endpoint::Completion,
-        )
-        .expect("ok");
-        assert!(g.get("logprobs").is_none() && !o.logprobs);
-    }
-
-    #[test]
-    fn unsupported_values_unknown_fields_and_other_models_are_refused() {
-        let chat = |extra: Value| {
-            let mut b = json!({"messages": []});
-            for (k, v) in extra.as_object().expect("object") {
-                b[k] = v.clone();
-            }
-            tr(b, Endpoint::Chat).err()
-        };
-        assert_eq!(
-            chat(json!({"best_of": 2})).as_deref(),
-            Some("400 Bad Request")
-        );
-        // n and echo go to the validator, which knows their bounds.
-        assert_eq!(chat(json!({"n": 2, "echo": true})), None);
-        assert_eq!(
-            chat(json!({"tools": [{"type": "function"}]})),
-            None,
-            "validated later"
-        );
-        assert_eq!(
-            chat(json!({"prompt": "x"})).as_deref(),
-            Some("400 Bad Request")
-        );
-        assert_eq!(
-            chat(json!({"stream": "yes"})).as_deref(),
-            Some("400 Bad Request")
-        );
-        assert_eq!(
-            chat(json!({"model": "gpt-4"})).as_deref(),
-            Some("404 Not Found")
-        );
-        assert_eq!(chat(json!({"n": null, "logit_bias": {}})), None);
-        assert_eq!(chat(json!({"n": 1.0})), None);
-        assert_eq!(
-            chat(json!({"stream_options": {"include_usage": true}})).as_deref(),
-            Some("400 Bad Request")
-        );
-        let (g, o) = tr(json!({"prompt": ["once"]}), Endpoint::Completion).expect("valid");
-        assert_eq!(g["prompt"], json!("once"));
-        assert!(!o.stream);
-        let (g, _) = tr(json!({"prompt": [1, 2]}), Endpoint::Completion).expect("token ids");
-        assert_eq!(g["prompt"], json!([1, 2]));
-        let (g, _) = tr(json!({"prompt": [[3, 4]]}), Endpoint::Completion).expect("one list");
-        assert_eq!(g["prompt"], json!([3, 4]));
-        assert_eq!(
-            tr(json!({"prompt": ["a", "b"]}), Endpoint::Completion)
-                .err()
-                .as_deref(),
-            Some("400 Bad Request")
-        );
-        assert_eq!(
-            tr(json!({"prompt": "x", "logprobs": 6}), Endpoint::Completion)
-                .err()
-                .as_deref(),
-            Some("400 Bad Request")
-        );
-        let (g, _) = tr(
-            json!({"prompt": "x", "echo": true, "n": 3, "max_tokens": 0}),
-            Endpoint::Completion,
-        )
-        .expect("passed on");
-        assert_eq!((&g["echo"], &g["n"]), (&json!(true), &json!(3)));
-        assert_eq!(g["max_tokens"], json!(0));
     }
 }

@@ -1,43 +1,33 @@
 //! `n` (how many choices) and `echo` (the prompt back, with its log-probabilities) of a
 //! `generate`, with the same rules and messages as the rest of the frame.
 
-use serde_json::{Map, Value};
-
-use super::{optional, quote, unsigned, VResult};
+use super::{unsigned, VResult};
+use crate::api::body::{GenerateBody, Int};
 use crate::error::InferError;
 use crate::request::MAX_CHOICES;
 
-/// `n` (integer in `[1, MAX_CHOICES]`, default 1) and `echo` (boolean, default false).
-pub(super) fn parse_choices(obj: &Map<String, Value>) -> VResult<(usize, bool)> {
-    let n = match optional(obj, "n") {
+/// `n` (integer in `[1, MAX_CHOICES]`, default 1) and `echo` (default false).
+pub(super) fn parse_choices(body: &GenerateBody) -> VResult<(usize, bool)> {
+    let n = match &body.n {
         None => 1,
         Some(v) => {
             let n = unsigned("n", v, 1, MAX_CHOICES as u64, "")?;
             usize::try_from(n).unwrap_or(1)
         }
     };
-    let echo = match optional(obj, "echo") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => {
-            return Err(InferError::validation(format!(
-                "echo must be a boolean (got {})",
-                quote(v)
-            )))
-        }
-    };
-    Ok((n, echo))
+    Ok((n, body.echo.unwrap_or(false)))
 }
 
-/// `max_tokens`: at least 1, or 0 with `echo` (score the prompt, generate nothing).
-pub(super) fn parse_max_tokens(v: &Value, echo: bool, max: u64) -> VResult<u64> {
+/// `max_tokens` (or its OpenAI alias `field`): at least 1, or 0 with `echo` (score the
+/// prompt, generate nothing).
+pub(super) fn parse_max_tokens(field: &str, v: &Int, echo: bool, max: u64) -> VResult<u64> {
     let min = u64::from(!echo);
-    unsigned("max_tokens", v, min, max, "").map_err(|e| {
-        if !echo && v.as_u64() == Some(0) {
-            InferError::validation(
-                "max_tokens must be >= 1 (got 0); 0 is allowed only with echo: true \
-                 (score the prompt without generating)",
-            )
+    unsigned(field, v, min, max, "").map_err(|e| {
+        if !echo && v.0.as_u64() == Some(0) {
+            InferError::validation(format!(
+                "{field} must be >= 1 (got 0); 0 is allowed only with echo: true \
+                 (score the prompt without generating)"
+            ))
         } else {
             e
         }

@@ -2,26 +2,27 @@
 //! `logprobs` / `top_logprobs` and `response_format`, with the same rules and messages
 //! as the rest of the frame.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::{
-    check_fields, integer, number, optional, quote, quote_str, unsigned, Int, VResult,
-    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
+    check_fields, integer_number, number, number_value, quote, quote_str, unsigned, IntClass,
+    VResult, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
 };
+use crate::api::body::{GenerateBody, LogprobsField, Num};
 use crate::error::InferError;
 use crate::request::{ConstraintSpec, SamplingParams};
 
 /// A number in `[lo, hi]` (`lo_open`: `(lo, hi]`), or `default` when absent.
 fn bounded(
-    obj: &Map<String, Value>,
     field: &str,
+    v: Option<&Num>,
     (lo, lo_open, hi): (f64, bool, f64),
     default: f32,
 ) -> VResult<f32> {
-    let Some(v) = optional(obj, field) else {
+    let Some(v) = v else {
         return Ok(default);
     };
-    let (x, text) = number(field, v)?;
+    let (x, text) = number(v);
     let above_lo = if lo_open { x > lo } else { x >= lo };
     if !(above_lo && x <= hi) {
         let open = if lo_open { "(" } else { "[" };
@@ -35,56 +36,65 @@ fn bounded(
 /// Penalties, `min_tokens`, `logit_bias` and `logprobs` / `top_logprobs` (the
 /// rest of [`SamplingParams`] is filled by the caller).
 pub(super) fn parse_steering(
-    obj: &Map<String, Value>,
+    body: &GenerateBody,
     max_tokens: usize,
     vocab_size: usize,
 ) -> VResult<SamplingParams> {
     let d = SamplingParams::default();
     let penalty = (-MAX_ABS_PENALTY, false, MAX_ABS_PENALTY);
-    let presence_penalty = bounded(obj, "presence_penalty", penalty, 0.0)?;
-    let frequency_penalty = bounded(obj, "frequency_penalty", penalty, 0.0)?;
+    let presence_penalty = bounded(
+        "presence_penalty",
+        body.presence_penalty.as_ref(),
+        penalty,
+        0.0,
+    )?;
+    let frequency_penalty = bounded(
+        "frequency_penalty",
+        body.frequency_penalty.as_ref(),
+        penalty,
+        0.0,
+    )?;
     let repetition_penalty = bounded(
-        obj,
         "repetition_penalty",
+        body.repetition_penalty.as_ref(),
         (0.0, true, MAX_REPETITION_PENALTY),
         1.0,
     )?;
-    let repeat_last_n = match optional(obj, "repeat_last_n") {
+    let repeat_last_n = match &body.repeat_last_n {
         None => d.repeat_last_n,
-        Some(v) => match integer("repeat_last_n", v)? {
-            Int::Negative if v.as_i64() == Some(-1) => None,
-            Int::Unsigned(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-            Int::Negative | Int::TooLarge => {
+        Some(v) => match integer_number("repeat_last_n", &v.0)? {
+            IntClass::Negative if v.0.as_i64() == Some(-1) => None,
+            IntClass::Unsigned(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            IntClass::Negative | IntClass::TooLarge => {
                 return Err(InferError::validation(format!(
                     "repeat_last_n must be -1 (the whole sequence), 0 (off) or a window \
                      length (got {})",
-                    quote(v)
+                    v.0
                 )))
             }
         },
     };
-    let min_tokens = match optional(obj, "min_tokens") {
+    let min_tokens = match &body.min_tokens {
         None => 0,
         Some(v) => {
             let n = unsigned("min_tokens", v, 0, max_tokens as u64, "max_tokens = ")?;
             usize::try_from(n).unwrap_or(max_tokens)
         }
     };
-    let logit_bias = match optional(obj, "logit_bias") {
+    let logit_bias = match &body.logit_bias {
         None => Vec::new(),
         Some(v) => parse_logit_bias(v, vocab_size)?,
     };
-    let logprobs = match optional(obj, "logprobs") {
-        None | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(v) => {
+    let logprobs = match &body.logprobs {
+        None | Some(LogprobsField::Flag(false)) => false,
+        Some(LogprobsField::Flag(true)) => true,
+        Some(LogprobsField::Count(n)) => {
             return Err(InferError::validation(format!(
-                "logprobs must be a boolean (got {})",
-                quote(v)
+                "logprobs must be a boolean (got {n})"
             )))
         }
     };
-    let logprobs = match (optional(obj, "top_logprobs"), logprobs) {
+    let logprobs = match (&body.top_logprobs, logprobs) {
         (None, false) => None,
         (None, true) => Some(0),
         (Some(v), true) => {
@@ -94,11 +104,11 @@ pub(super) fn parse_steering(
         (Some(v), false) => {
             return Err(InferError::validation(format!(
                 "top_logprobs needs logprobs: true (got top_logprobs {} without it)",
-                quote(v)
+                v.0
             )))
         }
     };
-    let constraint = match optional(obj, "response_format") {
+    let constraint = match &body.response_format {
         None => None,
         Some(v) => parse_response_format(v)?,
     };
@@ -222,7 +232,7 @@ fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
                 quote_str(key)
             )));
         }
-        let (b, text) = number(&field, bias)?;
+        let (b, text) = number_value(&field, bias)?;
         if !(b.is_finite() && b.abs() <= MAX_ABS_LOGIT_BIAS) {
             return Err(InferError::validation(format!(
                 "{field} must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}] (got {text})"

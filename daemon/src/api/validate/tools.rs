@@ -5,6 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::{check_fields, optional, quote, quote_str, VResult};
+use crate::api::body::GenerateBody;
 use crate::error::InferError;
 use crate::request::{FunctionTool, ToolCall, ToolChoice, ToolOptions};
 
@@ -173,10 +174,14 @@ fn parse_choice(v: Option<&Value>, tools: &[FunctionTool]) -> VResult<ToolChoice
 
 /// `tools`, `tool_choice`, `parallel_tool_calls` of a chat request; `None` when none is
 /// given. `is_chat`: the request has `messages` (tools need them).
-pub fn parse_tool_options(obj: &Map<String, Value>, is_chat: bool) -> VResult<Option<ToolOptions>> {
-    let given = ["tools", "tool_choice", "parallel_tool_calls"]
-        .into_iter()
-        .find(|f| optional(obj, f).is_some());
+pub fn parse_tool_options(body: &GenerateBody, is_chat: bool) -> VResult<Option<ToolOptions>> {
+    let given = [
+        ("tools", body.tools.is_some()),
+        ("tool_choice", body.tool_choice.is_some()),
+        ("parallel_tool_calls", body.parallel_tool_calls.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(f, given)| given.then_some(f));
     let Some(first) = given else {
         return Ok(None);
     };
@@ -185,7 +190,7 @@ pub fn parse_tool_options(obj: &Map<String, Value>, is_chat: bool) -> VResult<Op
             "{first} needs messages (tools are for chat requests)"
         ));
     }
-    let tools = match optional(obj, "tools") {
+    let tools = match &body.tools {
         None => Vec::new(),
         Some(Value::Array(items)) if items.len() <= MAX_TOOLS => items
             .iter()
@@ -208,17 +213,8 @@ pub fn parse_tool_options(obj: &Map<String, Value>, is_chat: bool) -> VResult<Op
             ));
         }
     }
-    let choice = parse_choice(optional(obj, "tool_choice"), &tools)?;
-    let parallel = match optional(obj, "parallel_tool_calls") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return err(format!(
-                "parallel_tool_calls must be a boolean (got {})",
-                quote(other)
-            ))
-        }
-    };
+    let choice = parse_choice(body.tool_choice.as_ref(), &tools)?;
+    let parallel = body.parallel_tool_calls.unwrap_or(true);
     Ok(Some(ToolOptions {
         tools,
         choice,
@@ -227,11 +223,8 @@ pub fn parse_tool_options(obj: &Map<String, Value>, is_chat: bool) -> VResult<Op
 }
 
 /// `chat_template_kwargs`: an object of extra template variables (chat only).
-pub fn parse_template_kwargs(
-    obj: &Map<String, Value>,
-    is_chat: bool,
-) -> VResult<Map<String, Value>> {
-    match optional(obj, "chat_template_kwargs") {
+pub fn parse_template_kwargs(kwargs: Option<&Value>, is_chat: bool) -> VResult<Map<String, Value>> {
+    match kwargs {
         None => Ok(Map::new()),
         Some(_) if !is_chat => err("chat_template_kwargs needs messages".into()),
         Some(Value::Object(kw)) => {

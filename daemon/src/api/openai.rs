@@ -1,0 +1,255 @@
+//! The OpenAI-compatible request bodies (`POST /v1/chat/completions` and
+//! `POST /v1/completions`, shapes of the OpenAI API reference,
+//! <https://platform.openai.com/docs/api-reference/chat>): which keys each endpoint
+//! accepts, the fields only HTTP has (`model`, `stream`, `stream_options`, `user`,
+//! `suffix`, `best_of`), and the completions' own forms (integer `logprobs`, a prompt
+//! wrapped in a one-item array), normalised on the typed [`GenerateBody`] before the one
+//! validation every edge shares ([`super::validate::generate_request`]). OpenAI fields
+//! inferd cannot honour (`best_of` > 1, a non-empty `suffix`, a batch of prompts) are
+//! refused naming the field rather than silently ignored.
+
+use serde_json::Value;
+
+use super::body::{GenerateBody, Int, LogprobsField};
+use super::validate::{generate_request, quote, STEERING_FIELDS};
+use super::SamplingDefaults;
+use crate::error::InferError;
+use crate::request::GenerateRequest;
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: `messages` in, `message`/`delta` out.
+    Chat,
+    /// `/v1/completions`: `prompt` in, `text` out.
+    Completion,
+}
+
+/// Keys both endpoints accept (the extensions `top_k`, `min_p`, `plugins`, `cache`,
+/// `cache_salt` included), besides [`STEERING_FIELDS`]. (`echo` on the chat endpoint
+/// is refused by the validator, naming it.)
+const COMMON: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "user",
+    "logprobs",
+    "n",
+    "echo",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "plugins",
+    "cache",
+    "cache_salt",
+];
+const CHAT_ONLY: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+];
+const COMPLETION_ONLY: &[&str] = &["prompt", "suffix", "best_of"];
+/// Most alternatives the completions endpoint's integer `logprobs` may ask for
+/// (OpenAI's bound).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
+
+/// What the HTTP edge keeps for the response besides the validated request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseOptions {
+    /// Server-sent events instead of one JSON response.
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the usage.
+    pub include_usage: bool,
+    /// Whether the choices carry `logprobs`.
+    pub logprobs: bool,
+}
+
+/// Why a body was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyError {
+    /// A validation error (HTTP 400), naming the field, bound and value.
+    Invalid(InferError),
+    /// `model` names another model than the one served (HTTP 404): the message.
+    ModelNotFound(String),
+}
+
+impl From<InferError> for BodyError {
+    fn from(e: InferError) -> Self {
+        BodyError::Invalid(e)
+    }
+}
+
+fn invalid(message: String) -> BodyError {
+    BodyError::Invalid(InferError::validation(message))
+}
+
+/// Reads and validates an OpenAI request body sent to `endpoint` of a daemon serving
+/// `model_id`, as request `id`.
+///
+/// # Errors
+/// [`BodyError::Invalid`] for malformed JSON, a key the endpoint does not take or any
+/// value out of its bounds; [`BodyError::ModelNotFound`] for another `model`.
+pub fn parse_body(
+    bytes: &[u8],
+    endpoint: Endpoint,
+    model_id: &str,
+    id: String,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<(GenerateRequest, ResponseOptions), BodyError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| invalid(format!("malformed JSON in the request body: {e}")))?;
+    let mut body = read_body(&value, endpoint)?;
+    let options = http_options(&body, endpoint, model_id)?;
+    normalise(&mut body, endpoint)?;
+    let request = generate_request(&body, id, defaults, vocab_size)?;
+    Ok((request, options))
+}
+
+/// The body as a typed [`GenerateBody`], once its keys are the endpoint's.
+fn read_body(value: &Value, endpoint: Endpoint) -> Result<GenerateBody, BodyError> {
+    let Value::Object(obj) = value else {
+        return Err(invalid("the request body must be a JSON object".into()));
+    };
+    let own = match endpoint {
+        Endpoint::Chat => CHAT_ONLY,
+        Endpoint::Completion => COMPLETION_ONLY,
+    };
+    let lists = [COMMON, STEERING_FIELDS, own];
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !lists.iter().any(|l| l.contains(&k.as_str())))
+    {
+        let mut known: Vec<&str> = lists.concat();
+        known.sort_unstable();
+        return Err(invalid(format!(
+            "unknown field {k:?}; this endpoint accepts {}",
+            known.join(", ")
+        )));
+    }
+    Ok(GenerateBody::from_value(value)?)
+}
+
+/// `model`, the fields inferd takes only at their neutral value, `stream` and
+/// `stream_options`, and whether the response carries `logprobs`.
+fn http_options(
+    body: &GenerateBody,
+    endpoint: Endpoint,
+    model_id: &str,
+) -> Result<ResponseOptions, BodyError> {
+    if let Some(name) = body.model.as_deref().filter(|m| *m != model_id) {
+        return Err(BodyError::ModelNotFound(format!(
+            "model: the model {name:?} does not exist; this daemon serves {model_id:?}"
+        )));
+    }
+    if let Some(Int(n)) = &body.best_of {
+        if n.as_u64() != Some(1) {
+            return Err(invalid(format!("best_of must be 1 (got {n})")));
+        }
+    }
+    if let Some(s) = body.suffix.as_deref().filter(|s| !s.is_empty()) {
+        return Err(invalid(format!(
+            "suffix must be \"\" or null (got {})",
+            quote(&Value::String(s.to_owned()))
+        )));
+    }
+    let stream = body.stream.unwrap_or(false);
+    let include_usage = match &body.stream_options {
+        None => false,
+        Some(_) if !stream => {
+            return Err(invalid(
+                "stream_options is only allowed with stream: true".into(),
+            ))
+        }
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+                return Err(invalid(format!(
+                    "stream_options: unknown field {k:?}; it accepts include_usage"
+                )));
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(invalid(format!(
+                        "stream_options.include_usage must be a boolean (got {})",
+                        quote(v)
+                    )))
+                }
+            }
+        }
+        Some(v) => {
+            return Err(invalid(format!(
+                "stream_options must be an object (got {})",
+                quote(v)
+            )))
+        }
+    };
+    let logprobs = match (endpoint, &body.logprobs) {
+        (Endpoint::Chat, l) => l == &Some(LogprobsField::Flag(true)),
+        (Endpoint::Completion, l) => l.is_some(),
+    };
+    Ok(ResponseOptions {
+        stream,
+        include_usage,
+        logprobs,
+    })
+}
+
+/// The completions endpoint's own forms onto the shared ones: a prompt wrapped in a
+/// one-item array is unwrapped (a batch of prompts is refused), and the legacy integer
+/// `logprobs` (that many alternatives, 0 for the sampled token's only) becomes
+/// `logprobs: true` with `top_logprobs`.
+fn normalise(body: &mut GenerateBody, endpoint: Endpoint) -> Result<(), BodyError> {
+    if endpoint != Endpoint::Completion {
+        return Ok(());
+    }
+    if let Some(Value::Array(a)) = &body.prompt {
+        let one = match a.as_slice() {
+            [p @ (Value::String(_) | Value::Array(_))] => Some(p.clone()),
+            // Token ids (validated as such later).
+            items if items.iter().all(Value::is_number) => None,
+            items => {
+                return Err(invalid(format!(
+                    "prompt must be a string, an array of token ids, or an array of one of \
+                     those (batches of prompts are not supported; got an array of {} items)",
+                    items.len()
+                )))
+            }
+        };
+        if one.is_some() {
+            body.prompt = one;
+        }
+    }
+    match body.logprobs.take() {
+        None => {}
+        Some(LogprobsField::Count(n))
+            if n.as_u64().is_some_and(|n| n <= MAX_COMPLETION_LOGPROBS) =>
+        {
+            body.logprobs = Some(LogprobsField::Flag(true));
+            body.top_logprobs = Some(Int(n));
+        }
+        Some(other) => {
+            let given = match other {
+                LogprobsField::Flag(b) => b.to_string(),
+                LogprobsField::Count(n) => n.to_string(),
+            };
+            return Err(invalid(format!(
+                "logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] on \
+                 /v1/completions (got {given})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

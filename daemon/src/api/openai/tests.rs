@@ -1,0 +1,188 @@
+use serde_json::json;
+
+use super::*;
+use crate::request::PromptInput;
+
+fn parse(body: Value, ep: Endpoint) -> Result<(GenerateRequest, ResponseOptions), BodyError> {
+    let bytes = serde_json::to_vec(&body).expect("json");
+    parse_body(
+        &bytes,
+        ep,
+        "m",
+        "x".into(),
+        &SamplingDefaults::default(),
+        100,
+    )
+}
+
+/// The message of a refused body (`404:` before a model-not-found one).
+fn refusal(body: Value, ep: Endpoint) -> String {
+    match parse(body, ep) {
+        Ok(_) => panic!("accepted"),
+        Err(BodyError::Invalid(e)) => e.message,
+        Err(BodyError::ModelNotFound(m)) => format!("404: {m}"),
+    }
+}
+
+fn chat(extra: Value) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "hi"}]});
+    for (k, v) in extra.as_object().expect("object") {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[test]
+fn chat_fields_reach_the_request() {
+    let (r, o) = parse(
+        chat(
+            json!({"model": "m", "max_completion_tokens": 5, "max_tokens": 9,
+                    "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
+                    "n": 1, "top_k": 3, "presence_penalty": 0, "user": "u"}),
+        ),
+        Endpoint::Chat,
+    )
+    .expect("valid");
+    assert_eq!(r.sampling.max_tokens, 5, "max_completion_tokens wins");
+    assert_eq!((r.sampling.temperature, r.sampling.top_k), (0.0, 3));
+    assert_eq!(r.client_id, "x");
+    assert!(o.stream && o.include_usage && !o.logprobs);
+}
+
+/// Penalties, bias and log-probabilities reach the request; the completions
+/// endpoint's integer `logprobs` becomes `top_logprobs`.
+#[test]
+fn steering_fields_reach_the_request() {
+    let (r, o) = parse(
+        chat(json!({"presence_penalty": 0.5, "frequency_penalty": -1,
+                    "logit_bias": {"1": 5}, "logprobs": true, "top_logprobs": 3,
+                    "repetition_penalty": 1.1, "repeat_last_n": 8, "min_tokens": 2})),
+        Endpoint::Chat,
+    )
+    .expect("valid");
+    let s = &r.sampling;
+    assert_eq!((s.presence_penalty, s.frequency_penalty), (0.5, -1.0));
+    assert_eq!(s.logit_bias, vec![(1, 5.0)]);
+    assert_eq!(s.logprobs, Some(3));
+    assert_eq!((s.repetition_penalty, s.repeat_last_n), (1.1, Some(8)));
+    assert_eq!(s.min_tokens, 2);
+    assert!(o.logprobs);
+    let (r, o) = parse(json!({"prompt": "x", "logprobs": 2}), Endpoint::Completion).expect("ok");
+    assert_eq!(r.sampling.logprobs, Some(2));
+    assert!(o.logprobs);
+    let (r, o) = parse(
+        json!({"prompt": "x", "logprobs": null}),
+        Endpoint::Completion,
+    )
+    .expect("ok");
+    assert!(r.sampling.logprobs.is_none() && !o.logprobs);
+    let (r, _) = parse(json!({"prompt": "x", "logprobs": 0}), Endpoint::Completion).expect("ok");
+    assert_eq!(r.sampling.logprobs, Some(0), "the sampled token's only");
+}
+
+#[test]
+fn completion_prompt_forms() {
+    let prompt = |p: Value| parse(json!({"prompt": p}), Endpoint::Completion).map(|(r, _)| r.input);
+    assert_eq!(
+        prompt(json!(["once"])),
+        Ok(PromptInput::Text("once".into()))
+    );
+    assert_eq!(prompt(json!([1, 2])), Ok(PromptInput::Tokens(vec![1, 2])));
+    assert_eq!(prompt(json!([[3, 4]])), Ok(PromptInput::Tokens(vec![3, 4])));
+    assert_eq!(
+        refusal(json!({"prompt": ["a", "b"]}), Endpoint::Completion),
+        "prompt must be a string, an array of token ids, or an array of one of those \
+         (batches of prompts are not supported; got an array of 2 items)"
+    );
+    let (r, o) = parse(
+        json!({"prompt": "x", "echo": true, "n": 3, "max_tokens": 0}),
+        Endpoint::Completion,
+    )
+    .expect("scoring request");
+    assert_eq!(
+        (r.sampling.echo, r.sampling.n, r.sampling.max_tokens),
+        (true, 3, 0)
+    );
+    assert!(!o.stream);
+}
+
+#[test]
+fn unsupported_values_unknown_fields_and_other_models_are_refused() {
+    let cases = [
+        (
+            json!({"prompt": "x", "best_of": 2}),
+            "best_of must be 1 (got 2)",
+        ),
+        (chat(json!({"best_of": 1})), "unknown field \"best_of\""),
+        (
+            chat(json!({"prompt": "x"})),
+            "unknown field \"prompt\"; this endpoint accepts ",
+        ),
+        (
+            chat(json!({"stream": "yes"})),
+            "stream must be a boolean (got \"yes\")",
+        ),
+        (
+            chat(json!({"model": "gpt-4"})),
+            "404: model: the model \"gpt-4\" does not exist",
+        ),
+        (chat(json!({"model": 4})), "model must be a string (got 4)"),
+        (
+            chat(json!({"stream_options": {"include_usage": true}})),
+            "stream_options is only allowed with stream: true",
+        ),
+        (
+            chat(json!({"stream": true, "stream_options": {"x": 1}})),
+            "stream_options: unknown field \"x\"; it accepts include_usage",
+        ),
+        (
+            chat(json!({"max_completion_tokens": 0})),
+            "max_completion_tokens must be >= 1 (got 0)",
+        ),
+        (
+            chat(json!({"n": 2, "echo": true})),
+            "echo must be false with messages",
+        ),
+        (
+            chat(json!({"logprobs": 2})),
+            "logprobs must be a boolean (got 2)",
+        ),
+        (
+            json!({"prompt": "x", "logprobs": 6}),
+            "logprobs must be an integer in [0, 5] on /v1/completions (got 6)",
+        ),
+        (
+            json!({"prompt": "x", "logprobs": true}),
+            "logprobs must be an integer in [0, 5] on /v1/completions (got true)",
+        ),
+        (
+            json!({"prompt": "x", "suffix": "y"}),
+            "suffix must be \"\" or null (got \"y\")",
+        ),
+        (
+            json!({"prompt": "x", "top_logprobs": 2}),
+            "unknown field \"top_logprobs\"",
+        ),
+        (json!([1]), "the request body must be a JSON object"),
+    ];
+    for (body, message) in cases {
+        let ep = if body.get("messages").is_some() {
+            Endpoint::Chat
+        } else {
+            Endpoint::Completion
+        };
+        let got = refusal(body.clone(), ep);
+        assert!(got.starts_with(message), "{body}: {got}");
+    }
+    // Null is absent; a whole-number float is an integer's type error, as on the WS edge.
+    assert!(parse(chat(json!({"n": null, "logit_bias": {}})), Endpoint::Chat).is_ok());
+    assert_eq!(
+        refusal(chat(json!({"n": 1.5})), Endpoint::Chat),
+        "n must be an integer (got 1.5)"
+    );
+    assert!(parse(
+        json!({"prompt": "x", "suffix": "", "best_of": 1}),
+        Endpoint::Completion
+    )
+    .is_ok());
+}
