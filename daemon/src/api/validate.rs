@@ -10,9 +10,7 @@ use serde_json::{Map, Number, Value};
 use super::body::{GenerateBody, Int, Num};
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
-use crate::request::{
-    CacheOptions, ChatMessage, GenerateRequest, PluginSpec, PromptInput, SamplingParams,
-};
+use crate::request::{CacheOptions, GenerateRequest, PluginSpec, PromptInput, SamplingParams};
 
 /// Longest accepted `id`, in characters.
 pub const MAX_ID_CHARS: usize = 256;

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::error::ErrorKind;
-use crate::request::ConstraintSpec;
+use crate::request::{ChatMessage, ConstraintSpec};
 
 const VOCAB: usize = 32_000;
 
