@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use super::body::{GenerateBody, Int, LogprobsField};
-use super::validate::{generate_request, quote, STEERING_FIELDS};
+use super::validate::{generate_request, quote, SHARED_FIELDS, STEERING_FIELDS};
 use super::SamplingDefaults;
 use crate::error::InferError;
 use crate::request::GenerateRequest;
@@ -25,28 +25,11 @@ pub enum Endpoint {
     Completion,
 }
 
-/// Keys both endpoints accept (the extensions `top_k`, `min_p`, `plugins`, `cache`,
-/// `cache_salt` included), besides [`STEERING_FIELDS`]. (`echo` on the chat endpoint
-/// is refused by the validator, naming it.)
-const COMMON: &[&str] = &[
-    "model",
-    "stream",
-    "stream_options",
-    "max_tokens",
-    "user",
-    "logprobs",
-    "n",
-    "echo",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "plugins",
-    "cache",
-    "cache_salt",
-];
+/// Keys only HTTP has, on both endpoints; besides them both take [`SHARED_FIELDS`] (the
+/// extensions `top_k`, `min_p`, `plugins`, `cache`, `cache_salt` included) and
+/// [`STEERING_FIELDS`]. (`echo` on the chat endpoint is refused by the validator,
+/// naming it.)
+const HTTP_ONLY: &[&str] = &["model", "stream", "stream_options", "user"];
 const CHAT_ONLY: &[&str] = &[
     "messages",
     "max_completion_tokens",
@@ -57,6 +40,8 @@ const CHAT_ONLY: &[&str] = &[
     "chat_template_kwargs",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "suffix", "best_of"];
+/// The keys only the OpenAI endpoints take (for naming an error's `param`).
+pub(super) const HTTP_FIELDS: [&[&str]; 3] = [HTTP_ONLY, CHAT_ONLY, COMPLETION_ONLY];
 /// Most alternatives the completions endpoint's integer `logprobs` may ask for
 /// (OpenAI's bound).
 pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
@@ -123,7 +108,7 @@ fn read_body(value: &Value, endpoint: Endpoint) -> Result<GenerateBody, BodyErro
         Endpoint::Chat => CHAT_ONLY,
         Endpoint::Completion => COMPLETION_ONLY,
     };
-    let lists = [COMMON, STEERING_FIELDS, own];
+    let lists = [HTTP_ONLY, SHARED_FIELDS, STEERING_FIELDS, own];
     if let Some(k) = obj
         .keys()
         .find(|k| !lists.iter().any(|l| l.contains(&k.as_str())))

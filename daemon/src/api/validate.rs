@@ -23,11 +23,9 @@ pub const MAX_STOP_SEQUENCES: usize = 16;
 /// Longest stop sequence, in bytes of UTF-8.
 pub const MAX_STOP_BYTES: usize = 512;
 
-const GENERATE_FIELDS: &[&str] = &[
-    "type",
-    "id",
-    "messages",
-    "prompt",
+/// The fields of a `generate` that both OpenAI endpoints take as well (besides
+/// [`STEERING_FIELDS`]).
+pub const SHARED_FIELDS: &[&str] = &[
     "max_tokens",
     "temperature",
     "top_k",
@@ -39,10 +37,11 @@ const GENERATE_FIELDS: &[&str] = &[
     "cache",
     "cache_salt",
     "logprobs",
-    "top_logprobs",
     "n",
     "echo",
 ];
+/// The fields of a WebSocket `generate` besides the shared, steering and tool ones.
+const FRAME_FIELDS: &[&str] = &["type", "id", "messages", "prompt", "top_logprobs"];
 /// The steering fields, the same on every edge (the OpenAI endpoints pass them through
 /// unchanged): validated in [`steering`].
 pub const STEERING_FIELDS: &[&str] = &[
@@ -79,26 +78,16 @@ type VResult<T> = Result<T, InferError>;
 /// Whether `name` is a field of a `generate` (either edge's spelling) — for naming the
 /// field of an error (OpenAI's `param`).
 pub fn is_request_field(name: &str) -> bool {
-    const HTTP_ONLY: &[&str] = &[
-        "model",
-        "stream",
-        "stream_options",
-        "n",
-        "user",
-        "max_completion_tokens",
-        "echo",
-        "suffix",
-        "best_of",
-    ];
     name != "type"
         && name != "id"
         && [
-            GENERATE_FIELDS,
+            FRAME_FIELDS,
+            SHARED_FIELDS,
             STEERING_FIELDS,
             tools::TOOL_FIELDS,
-            HTTP_ONLY,
         ]
         .iter()
+        .chain(super::openai::HTTP_FIELDS.iter())
         .any(|l| l.contains(&name))
 }
 
@@ -333,7 +322,13 @@ fn parse_generate(
 ) -> VResult<ClientMessage> {
     check_fields(
         obj,
-        &[GENERATE_FIELDS, STEERING_FIELDS, tools::TOOL_FIELDS].concat(),
+        &[
+            FRAME_FIELDS,
+            SHARED_FIELDS,
+            STEERING_FIELDS,
+            tools::TOOL_FIELDS,
+        ]
+        .concat(),
         "generate message",
     )?;
     let body = GenerateBody::from_value(value)?;
