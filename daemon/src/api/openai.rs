@@ -120,7 +120,24 @@ fn read_body(value: &Value, endpoint: Endpoint) -> Result<GenerateBody, BodyErro
             known.join(", ")
         )));
     }
+    // The completions' integer `logprobs` (the shared field reads booleans and numbers).
+    if endpoint == Endpoint::Completion {
+        if let Some(v) = obj
+            .get("logprobs")
+            .filter(|v| !(v.is_null() || v.is_number() || v.is_boolean()))
+        {
+            return Err(logprobs_bound(&quote(v)));
+        }
+    }
     Ok(GenerateBody::from_value(value)?)
+}
+
+/// The completions' `logprobs` out of its bound.
+fn logprobs_bound(given: &str) -> BodyError {
+    invalid(format!(
+        "logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] on /v1/completions \
+         (got {given})"
+    ))
 }
 
 /// `model`, the fields inferd takes only at their neutral value, `stream` and
@@ -136,8 +153,12 @@ fn http_options(
         )));
     }
     if let Some(Int(n)) = &body.best_of {
-        if n.as_u64() != Some(1) {
-            return Err(invalid(format!("best_of must be 1 (got {n})")));
+        match n.as_u64() {
+            Some(1) => {}
+            _ if n.is_f64() => {
+                return Err(invalid(format!("best_of must be an integer (got {n})")))
+            }
+            _ => return Err(invalid(format!("best_of must be 1 (got {n})"))),
         }
     }
     if let Some(s) = body.suffix.as_deref().filter(|s| !s.is_empty()) {
@@ -194,8 +215,18 @@ fn http_options(
 /// `logprobs` (that many alternatives, 0 for the sampled token's only) becomes
 /// `logprobs: true` with `top_logprobs`.
 fn normalise(body: &mut GenerateBody, endpoint: Endpoint) -> Result<(), BodyError> {
-    if endpoint != Endpoint::Completion {
-        return Ok(());
+    if endpoint == Endpoint::Chat {
+        return match body.messages {
+            None => Err(invalid(
+                "messages is required (a non-empty array of messages)".into(),
+            )),
+            Some(_) => Ok(()),
+        };
+    }
+    if body.prompt.is_none() {
+        return Err(invalid(
+            "prompt is required (a string or an array of token ids)".into(),
+        ));
     }
     if let Some(Value::Array(a)) = &body.prompt {
         let one = match a.as_slice() {
@@ -215,7 +246,7 @@ fn normalise(body: &mut GenerateBody, endpoint: Endpoint) -> Result<(), BodyErro
         }
     }
     match body.logprobs.take() {
-        None => {}
+        None | Some(LogprobsField::Flag(false)) => {}
         Some(LogprobsField::Count(n))
             if n.as_u64().is_some_and(|n| n <= MAX_COMPLETION_LOGPROBS) =>
         {
@@ -227,10 +258,7 @@ fn normalise(body: &mut GenerateBody, endpoint: Endpoint) -> Result<(), BodyErro
                 LogprobsField::Flag(b) => b.to_string(),
                 LogprobsField::Count(n) => n.to_string(),
             };
-            return Err(invalid(format!(
-                "logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] on \
-                 /v1/completions (got {given})"
-            )));
+            return Err(logprobs_bound(&given));
         }
     }
     Ok(())

@@ -510,7 +510,8 @@ fn parse_sampling(
     let max_tokens = match max_tokens {
         None => defaults.max_tokens,
         Some((field, v)) => {
-            let n = choices::parse_max_tokens(field, v, echo, MAX_MAX_TOKENS)?;
+            let n =
+                choices::parse_max_tokens(field, v, echo, MAX_MAX_TOKENS, body.messages.is_none())?;
             usize::try_from(n).unwrap_or(defaults.max_tokens)
         }
     };

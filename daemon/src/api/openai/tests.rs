@@ -164,6 +164,26 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
             "unknown field \"top_logprobs\"",
         ),
         (json!([1]), "the request body must be a JSON object"),
+        (json!({"messages": null}), "messages is required"),
+        (json!({"prompt": null}), "prompt is required"),
+        (
+            json!({"prompt": "x", "logprobs": "2"}),
+            "logprobs must be an integer in [0, 5] on /v1/completions (got \"2\")",
+        ),
+        (
+            json!({"prompt": "x", "best_of": 1.0}),
+            "best_of must be an integer (got 1.0)",
+        ),
+        (
+            chat(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": "yes"}}})),
+            "response_format.json_schema.strict must be a boolean (got \"yes\")",
+        ),
+        (
+            chat(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": 5, "schema": {}}}})),
+            "response_format.json_schema.name must be a string (got 5)",
+        ),
     ];
     for (body, message) in cases {
         let ep = if body.get("messages").is_some() {

@@ -19,11 +19,18 @@ pub(super) fn parse_choices(body: &GenerateBody) -> VResult<(usize, bool)> {
 }
 
 /// `max_tokens` (or its OpenAI alias `field`): at least 1, or 0 with `echo` (score the
-/// prompt, generate nothing).
-pub(super) fn parse_max_tokens(field: &str, v: &Int, echo: bool, max: u64) -> VResult<u64> {
+/// prompt, generate nothing); `echo_possible`: the request has a `prompt`, so the
+/// refusal of 0 may point at `echo`.
+pub(super) fn parse_max_tokens(
+    field: &str,
+    v: &Int,
+    echo: bool,
+    max: u64,
+    echo_possible: bool,
+) -> VResult<u64> {
     let min = u64::from(!echo);
     unsigned(field, v, min, max, "").map_err(|e| {
-        if !echo && v.0.as_u64() == Some(0) {
+        if !echo && v.0.as_u64() == Some(0) && echo_possible {
             InferError::validation(format!(
                 "{field} must be >= 1 (got 0); 0 is allowed only with echo: true \
                  (score the prompt without generating)"

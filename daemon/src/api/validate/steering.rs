@@ -174,6 +174,21 @@ fn parse_response_format(v: &Value) -> VResult<Option<ConstraintSpec>> {
                 &["name", "schema", "strict", "description"],
                 "response_format.json_schema",
             )?;
+            for (field, ok, expected) in [
+                ("name", Value::is_string as fn(&Value) -> bool, "a string"),
+                ("description", Value::is_string, "a string"),
+                ("strict", Value::is_boolean, "a boolean"),
+            ] {
+                match js.get(field) {
+                    Some(v) if !v.is_null() && !ok(v) => {
+                        return Err(InferError::validation(format!(
+                            "response_format.json_schema.{field} must be {expected} (got {})",
+                            quote(v)
+                        )))
+                    }
+                    _ => {}
+                }
+            }
             match js.get("schema") {
                 Some(schema @ Value::Object(_)) => Some(ConstraintSpec::JsonSchema(schema.clone())),
                 other => {
