@@ -120,15 +120,6 @@ fn read_body(value: &Value, endpoint: Endpoint) -> Result<GenerateBody, BodyErro
             known.join(", ")
         )));
     }
-    // The completions' integer `logprobs` (the shared field reads booleans and numbers).
-    if endpoint == Endpoint::Completion {
-        if let Some(v) = obj
-            .get("logprobs")
-            .filter(|v| !(v.is_null() || v.is_number() || v.is_boolean()))
-        {
-            return Err(logprobs_bound(&quote(v)));
-        }
-    }
     Ok(GenerateBody::from_value(value)?)
 }
 
@@ -257,6 +248,7 @@ fn normalise(body: &mut GenerateBody, endpoint: Endpoint) -> Result<(), BodyErro
             let given = match other {
                 LogprobsField::Flag(b) => b.to_string(),
                 LogprobsField::Count(n) => n.to_string(),
+                LogprobsField::Other(v) => quote(&v),
             };
             return Err(logprobs_bound(&given));
         }

@@ -148,6 +148,10 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
             "logprobs must be a boolean (got 2)",
         ),
         (
+            chat(json!({"logprobs": "yes"})),
+            "logprobs must be a boolean (got \"yes\")",
+        ),
+        (
             json!({"prompt": "x", "logprobs": 6}),
             "logprobs must be an integer in [0, 5] on /v1/completions (got 6)",
         ),

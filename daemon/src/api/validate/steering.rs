@@ -93,6 +93,12 @@ pub(super) fn parse_steering(
                 "logprobs must be a boolean (got {n})"
             )))
         }
+        Some(LogprobsField::Other(v)) => {
+            return Err(InferError::validation(format!(
+                "logprobs must be a boolean (got {})",
+                quote(v)
+            )))
+        }
     };
     let logprobs = match (&body.top_logprobs, logprobs) {
         (None, false) => None,
