@@ -63,10 +63,8 @@ fn invalid(message: String) -> Refusal {
 
 /// What the response needs of the request.
 struct Options {
-    stream: bool,
-    include_usage: bool,
-    /// Whether the response carries `logprobs`.
-    logprobs: bool,
+    /// Streaming, usage chunk and `logprobs`, as the body asked.
+    response: ResponseOptions,
     /// Choices per request (`n`, validated).
     n: usize,
 }
@@ -99,14 +97,7 @@ async fn try_generate(
         },
         rand::random::<u64>()
     );
-    let (
-        request,
-        ResponseOptions {
-            stream,
-            include_usage,
-            logprobs,
-        },
-    ) = parse_body(
+    let (request, response) = parse_body(
         &body,
         endpoint,
         &engine.model_id,
@@ -115,9 +106,7 @@ async fn try_generate(
         engine.vocab_size,
     )?;
     let options = Options {
-        stream,
-        include_usage,
-        logprobs,
+        response,
         n: request.sampling.n,
     };
     let (tracked, mut rx) = state.start_request(engine, request)?;
@@ -127,7 +116,7 @@ async fn try_generate(
         created: unix_now(),
         model: engine.model_id.clone(),
     };
-    if options.stream {
+    if options.response.stream {
         // Errors found before generation (context length, plugin configuration) still
         // get their HTTP status: wait for the first event before the headers.
         let mut tracked = tracked;
@@ -385,8 +374,8 @@ fn sse(
         tracked,
         rx,
         first,
-        include_usage: options.include_usage,
-        logprobs: options.logprobs,
+        include_usage: options.response.include_usage,
+        logprobs: options.response.logprobs,
         emitted: vec![Vec::new(); options.n.max(1)],
         usage: UsageSum::default(),
         queue: VecDeque::new(),
@@ -506,7 +495,7 @@ async fn collect(
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let lp = reply.logprobs(options.logprobs, &c.entries, &mut Vec::new());
+                let lp = reply.logprobs(options.response.logprobs, &c.entries, &mut Vec::new());
                 let reason = c.finish.map_or(Value::Null, finish_reason);
                 match reply.endpoint {
                     Endpoint::Chat => json!({
