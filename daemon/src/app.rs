@@ -19,7 +19,7 @@ use crate::prefix_store::{
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::PrefixCaching;
-use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits};
+use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits, Speculation};
 use crate::server::{serve, Engine, SharedPlugins, State};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
@@ -382,6 +382,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         max_batch_tokens: settings.scheduler.max_batch_tokens,
         attention_cost_tokens: settings.scheduler.attention_cost_tokens,
     };
+    let speculation = Speculation::from_config(&settings.speculative);
     let engine_arbiter = Arbiter::new();
     let tok_for_sched = tokenizer.clone();
     let store_for_sched = match (store_reader, &store_addr) {
@@ -397,6 +398,9 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
         if let Some(p) = prefix_caching {
             policy = policy.with_prefix_caching(p);
+        }
+        if let Some(spec) = speculation {
+            policy = policy.with_speculation(spec);
         }
         let actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
         match store_for_sched {

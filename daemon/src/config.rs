@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::api::SamplingDefaults;
 use crate::model::{Kernels, Quantize};
 
+mod speculative;
+pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};
+
 /// `[server]`: the listener.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -450,6 +453,8 @@ pub struct Settings {
     pub prefix_store: PrefixStoreConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Speculative decoding.
+    pub speculative: SpeculativeConfig,
 }
 
 /// Command-line overrides (the highest layer).
@@ -682,6 +687,7 @@ impl Settings {
                 ps.max_queued_bytes
             ));
         }
+        self.speculative.validate()?;
         let s = &self.sampling;
         if !(0.0..=100.0).contains(&s.temperature) {
             return bad(format!(

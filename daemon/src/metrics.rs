@@ -13,7 +13,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -55,6 +56,11 @@ pub struct Metrics {
     prefix_prompt_tokens: IntCounter,
     prefix_hit_tokens: IntCounterVec,
     prefill_tokens: IntCounter,
+    spec_drafts: IntCounter,
+    spec_draft_tokens: IntCounter,
+    spec_accepted_tokens: IntCounter,
+    spec_acceptance_rate: Gauge,
+    spec_tokens_per_verification: Gauge,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -190,6 +196,41 @@ impl Metrics {
                     "Prompt positions run through the model (cached ones not counted)",
                 )?,
             ),
+            spec_drafts: registered(
+                &r,
+                IntCounter::new(
+                    "spec_decode_num_drafts_total",
+                    "Sequence steps that verified speculative drafts",
+                )?,
+            ),
+            spec_draft_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "spec_decode_num_draft_tokens_total",
+                    "Draft tokens verified by the model",
+                )?,
+            ),
+            spec_accepted_tokens: registered(
+                &r,
+                IntCounter::new(
+                    "spec_decode_num_accepted_tokens_total",
+                    "Draft tokens accepted",
+                )?,
+            ),
+            spec_acceptance_rate: registered(
+                &r,
+                Gauge::new(
+                    "spec_decode_acceptance_rate",
+                    "Accepted over verified draft tokens since start",
+                )?,
+            ),
+            spec_tokens_per_verification: registered(
+                &r,
+                Gauge::new(
+                    "spec_decode_tokens_per_verification",
+                    "Tokens a verifying sequence step produced on average since start",
+                )?,
+            ),
             registry: r,
         })
     }
@@ -216,6 +257,13 @@ impl Metrics {
                 &self.prefix_hit_tokens.with_label_values(&["disk"]),
                 p.disk_hit_tokens,
             );
+            let sp = &st.speculative;
+            follow(&self.spec_drafts, sp.verification_steps);
+            follow(&self.spec_draft_tokens, sp.draft_tokens);
+            follow(&self.spec_accepted_tokens, sp.accepted_tokens);
+            self.spec_acceptance_rate.set(sp.acceptance_rate);
+            self.spec_tokens_per_verification
+                .set(sp.tokens_per_verification);
         }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
@@ -250,6 +298,9 @@ mod tests {
         };
         st.prefix_cache.prompt_tokens = 100;
         st.prefix_cache.memory_hit_tokens = 64;
+        st.speculative.add(4, 3);
+        st.speculative.add(2, 0);
+        st.speculative = st.speculative.with_ratios();
         let text = m.render(Some(&st));
         for line in [
             "inferd_requests_total{finish_reason=\"stop\"} 1",
@@ -261,6 +312,11 @@ mod tests {
             "inferd_prefix_cache_queried_tokens_total 100",
             "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 64",
             "inferd_prefill_tokens_total 40",
+            "inferd_spec_decode_num_drafts_total 2",
+            "inferd_spec_decode_num_draft_tokens_total 6",
+            "inferd_spec_decode_num_accepted_tokens_total 3",
+            "inferd_spec_decode_acceptance_rate 0.5",
+            "inferd_spec_decode_tokens_per_verification 2.5",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

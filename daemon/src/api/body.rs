@@ -130,6 +130,9 @@ pub struct GenerateBody {
     pub n: Option<Int>,
     /// Completions: the prompt back with its log-probabilities.
     pub echo: Option<bool>,
+    /// Whether this request may use speculative decoding (the daemon's
+    /// `[speculative]` setting when absent).
+    pub speculative: Option<bool>,
     /// OpenAI presence penalty.
     pub presence_penalty: Option<Num>,
     /// OpenAI frequency penalty.

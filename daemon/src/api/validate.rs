@@ -39,6 +39,7 @@ pub const SHARED_FIELDS: &[&str] = &[
     "logprobs",
     "n",
     "echo",
+    "speculative",
 ];
 /// The fields of a WebSocket `generate` besides the shared, steering and tool ones.
 const FRAME_FIELDS: &[&str] = &["type", "id", "messages", "prompt", "top_logprobs"];
@@ -530,6 +531,7 @@ fn parse_sampling(
         stop,
         n,
         echo,
+        speculative: body.speculative.unwrap_or(true),
         ..steering
     })
 }

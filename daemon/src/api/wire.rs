@@ -306,6 +306,7 @@ mod tests {
                     prompt_tokens: 10,
                     completion_tokens: 5,
                     cached_tokens: 3,
+                    ..Usage::default()
                 },
                 timings: Timings {
                     ttft_ms: 12.5,
@@ -318,7 +319,8 @@ mod tests {
                     "type": "done",
                     "id": "r9",
                     "finish_reason": tag,
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 3},
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 3,
+                              "draft_tokens": 0, "accepted_draft_tokens": 0},
                     "timings": {"ttft_ms": 12.5, "decode_tokens_per_s": 40.25}
                 })
             );
@@ -333,6 +335,7 @@ mod tests {
                 prompt_tokens: 1,
                 completion_tokens: 1,
                 cached_tokens: 0,
+                ..Usage::default()
             },
             timings: Timings {
                 ttft_ms: f64::NAN,

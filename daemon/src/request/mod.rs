@@ -150,6 +150,9 @@ pub struct SamplingParams {
     /// ([`StreamEvent::Echo`]), with their log-probabilities when `logprobs` is set.
     /// Completions (`prompt`) only.
     pub echo: bool,
+    /// Whether speculative decoding may run for this request (`speculative`, default
+    /// true; it runs only when `[speculative]` is on too). Output is the same either way.
+    pub speculative: bool,
 }
 
 /// Most choices (`n`) one request may ask for.
@@ -193,6 +196,7 @@ impl Default for SamplingParams {
             constraint: None,
             n: 1,
             echo: false,
+            speculative: true,
         }
     }
 }
@@ -279,7 +283,7 @@ pub enum FinishReason {
 }
 
 /// Token counts of a finished request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Usage {
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
@@ -287,6 +291,19 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache instead of prefill.
     pub cached_tokens: usize,
+    /// Draft tokens speculative decoding proposed and the model verified.
+    pub draft_tokens: usize,
+    /// Of those, drafts accepted (part of `completion_tokens`, each saving a step).
+    pub accepted_draft_tokens: usize,
+}
+
+impl Usage {
+    /// Adds another choice's generated-token counts (`n > 1`: the prompt counts once).
+    pub fn add_completion(&mut self, other: &Usage) {
+        self.completion_tokens += other.completion_tokens;
+        self.draft_tokens += other.draft_tokens;
+        self.accepted_draft_tokens += other.accepted_draft_tokens;
+    }
 }
 
 /// Timings of a finished request.

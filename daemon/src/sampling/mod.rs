@@ -22,6 +22,7 @@ pub mod processor;
 pub mod processors;
 pub mod reasoning_gate;
 pub mod sampler;
+pub mod speculative;
 pub mod tool_grammar;
 pub mod wasm_plugin;
 

@@ -15,6 +15,7 @@ use crate::model_runner::{ModelRunnerActor, StepOutput};
 use crate::prefix_store::hash::extend_hashes;
 use crate::prefix_store::{root_hash, LookupRun, PrefixReadActor};
 use crate::request::{FinishReason, SeqId, StreamEvent};
+use crate::sampling::speculative;
 
 use crate::tokenizer::TextTokenizer;
 
@@ -177,6 +178,9 @@ impl SchedulerActor {
             kv_blocks_total = st.kv_blocks_total,
             tokens_generated = st.tokens_generated,
             steps = st.steps,
+            spec_acceptance_rate = format_args!("{:.2}", st.speculative.acceptance_rate),
+            spec_tokens_per_verification =
+                format_args!("{:.2}", st.speculative.tokens_per_verification),
             "engine stats"
         );
     }
@@ -190,6 +194,10 @@ impl SchedulerActor {
             completion_tokens = seq.generated.len(),
             ttft_ms = format_args!("{:.1}", t.ttft_ms),
             decode_tok_s = format_args!("{:.1}", t.decode_tokens_per_s),
+            draft_tokens = seq.spec.as_ref().map_or(0, |s| s.drafted),
+            accepted_draft_tokens = seq.spec.as_ref().map_or(0, |s| s.accepted),
+            acceptance_rate = format_args!("{:.2}", seq.spec.as_ref().map_or(0.0, |s| s.acceptance_rate())),
+            tokens_per_verification = format_args!("{:.2}", seq.spec.as_ref().map_or(0.0, |s| s.tokens_per_verification())),
             finish_reason = ?reason,
             "request finished"
         );
@@ -307,15 +315,13 @@ impl SchedulerActor {
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
+            if !seq.drafts.is_empty() {
+                let drafts = std::mem::take(&mut seq.drafts);
+                self.verify(item.seq, &drafts, rows);
+                continue;
+            }
             let Some(logits) = rows.pop() else {
-                if let Some(s) = self.scheduler.remove_running(item.seq) {
-                    self.fail(
-                        s,
-                        InferError::internal(
-                            "the model runner returned no logits for a sequence that needs them",
-                        ),
-                    );
-                }
+                self.fail_missing_logits(item.seq);
                 continue;
             };
             // The prompt is computed: its echo goes first, then the other choices fork
@@ -338,23 +344,86 @@ impl SchedulerActor {
                     logits.clone()
                 };
                 if let Some(mut row) = row {
-                    self.sample_next(id, &mut row);
+                    if let Some(Ok(TokenOutcome::Finished(reason))) = self.sample_next(id, &mut row)
+                    {
+                        self.end(id, reason);
+                    }
                 }
             }
         }
     }
 
-    /// Samples sequence `id`'s next token from its logits row, streams it, and ends the
-    /// sequence when it is finished (at once with a budget of 0: `echo` scoring only).
-    fn sample_next(&mut self, id: SeqId, logits: &mut [f32]) {
-        let Some(seq) = self.scheduler.running_mut(id) else {
+    /// Speculative verification of sequence `id`'s `drafts`: `rows[i]` are the logits
+    /// after its pending token and the first `i` drafts. Rows are sampled in order
+    /// through the request's chain, as plain decode steps would sample them, while the
+    /// sampled token equals the next draft; the first token that differs (or the one
+    /// after the last draft) ends the run. Every sampled token is streamed and checked
+    /// for stop sequences, end of generation and the budget one by one, so a run ends
+    /// exactly where decoding without drafts would. See [`crate::sampling::speculative`].
+    fn verify(&mut self, id: SeqId, drafts: &[u32], mut rows: Vec<Vec<f32>>) {
+        if rows.len() != drafts.len() + 1 {
+            self.fail_missing_logits(id);
             return;
-        };
-        if seq.max_new_tokens == 0 {
-            if let Some(s) = self.scheduler.remove_running(id) {
-                self.finish(s, FinishReason::Length);
+        }
+        let verdict =
+            speculative::verify(drafts, &mut rows, |row| match self.sample_next(id, row) {
+                Some(Ok(outcome)) => {
+                    let token = self
+                        .scheduler
+                        .running_mut(id)
+                        .and_then(|s| s.generated.last().copied());
+                    let end = match outcome {
+                        TokenOutcome::Continue => None,
+                        TokenOutcome::Finished(reason) => Some(reason),
+                    };
+                    token.map(|t| (t, end)).ok_or(())
+                }
+                Some(Err(())) | None => Err(()),
+            });
+        self.scheduler
+            .commit_drafts(id, drafts.len(), verdict.accepted);
+        match verdict.outcome {
+            Ok(Some(reason)) => self.end(id, reason),
+            Ok(None) => {}
+            // A failed sequence was removed with its error; one still running here lost
+            // its token, which cannot happen: end it rather than stall it.
+            Err(()) => {
+                if let Some(s) = self.scheduler.remove_running(id) {
+                    self.fail(
+                        s,
+                        InferError::internal("speculative verification lost a token"),
+                    );
+                }
             }
-            return;
+        }
+    }
+
+    fn fail_missing_logits(&mut self, id: SeqId) {
+        if let Some(s) = self.scheduler.remove_running(id) {
+            self.fail(
+                s,
+                InferError::internal(
+                    "the model runner returned no logits for a sequence that needs them",
+                ),
+            );
+        }
+    }
+
+    /// Ends the running sequence `id` with `reason`.
+    fn end(&mut self, id: SeqId, reason: FinishReason) {
+        if let Some(s) = self.scheduler.remove_running(id) {
+            self.finish(s, reason);
+        }
+    }
+
+    /// Samples sequence `id`'s next token from its logits row and streams it. Returns
+    /// whether generation goes on, `Err(())` when the sequence failed (it is removed and
+    /// its error sent), `None` when it is not running. A budget of 0 (`echo` scoring
+    /// only) finishes at once without sampling.
+    fn sample_next(&mut self, id: SeqId, logits: &mut [f32]) -> Option<Result<TokenOutcome, ()>> {
+        let seq = self.scheduler.running_mut(id)?;
+        if seq.max_new_tokens == 0 {
+            return Some(Ok(TokenOutcome::Finished(FinishReason::Length)));
         }
         let mut sampled = match seq.sample(logits) {
             Ok(t) => t,
@@ -362,7 +431,7 @@ impl SchedulerActor {
                 if let Some(s) = self.scheduler.remove_running(id) {
                     self.fail(s, e);
                 }
-                return;
+                return Some(Err(()));
             }
         };
         let token = sampled.token;
@@ -378,15 +447,11 @@ impl SchedulerActor {
                 if let Some(s) = self.scheduler.remove_running(id) {
                     self.fail(s, e);
                 }
-                return;
+                return Some(Err(()));
             }
         };
         self.scheduler.note_generated();
-        if let TokenOutcome::Finished(reason) = outcome {
-            if let Some(s) = self.scheduler.remove_running(id) {
-                self.finish(s, reason);
-            }
-        }
+        Some(Ok(outcome))
     }
 
     fn fail_all(&mut self, error: InferError) {

@@ -205,6 +205,42 @@ impl BlockManager {
         n
     }
 
+    /// Shrinks the table of `seq` to the blocks that hold its first `tokens` positions,
+    /// releasing the rest last first (as [`Self::free`] does): the blocks a rejected
+    /// speculative run wrote past the sequence's end. Returns how many blocks became
+    /// free.
+    pub fn truncate(&mut self, seq: SeqId, tokens: usize) -> usize {
+        let keep = self.blocks_for(tokens);
+        let Some(table) = self.tables.get_mut(&seq) else {
+            return 0;
+        };
+        if table.len() <= keep {
+            return 0;
+        }
+        let dropped = table.split_off(keep);
+        dropped
+            .into_iter()
+            .rev()
+            .filter(|&b| self.release(b))
+            .count()
+    }
+
+    /// Drops one reference to `b`; at zero it becomes free (a cached block evictable).
+    /// Returns whether it did.
+    fn release(&mut self, b: BlockId) -> bool {
+        let rc = &mut self.ref_counts[b as usize];
+        *rc = rc.saturating_sub(1);
+        if *rc > 0 {
+            return false;
+        }
+        if self.cached.is_cached(b) {
+            self.cached.release(b);
+        } else {
+            self.free.push_back(b);
+        }
+        true
+    }
+
     /// Reference count of block `b` (0 = free).
     pub fn ref_count(&self, b: BlockId) -> u32 {
         self.ref_counts.get(b as usize).copied().unwrap_or(0)
@@ -219,19 +255,6 @@ impl BlockManager {
         let Some(table) = self.tables.remove(&seq) else {
             return 0;
         };
-        let mut freed = 0;
-        for b in table.into_iter().rev() {
-            let rc = &mut self.ref_counts[b as usize];
-            *rc = rc.saturating_sub(1);
-            if *rc == 0 {
-                if self.cached.is_cached(b) {
-                    self.cached.release(b);
-                } else {
-                    self.free.push_back(b);
-                }
-                freed += 1;
-            }
-        }
-        freed
+        table.into_iter().rev().filter(|&b| self.release(b)).count()
     }
 }

@@ -7,6 +7,8 @@
 //!   reference counts.
 //! - [`policy`]: [`Scheduler`], the continuous-batching policy (admission, token
 //!   budget, chunked prefill, preemption), unit-tested without actix.
+//! - [`speculative`]: speculative decoding's n-gram drafts, adaptive draft length and
+//!   counters.
 //! - [`actor`]: [`SchedulerActor`], the engine loop: schedule → run on the model runner
 //!   → sample → detokenize → stream events, one step after another.
 
@@ -15,16 +17,20 @@ pub mod block_manager;
 pub mod echo;
 pub mod policy;
 pub mod sequence;
+pub mod speculative;
 
 pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
 pub use echo::PromptEcho;
 pub use policy::{EngineStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits};
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};
+pub use speculative::{SpecStats, Speculation};
 
 #[cfg(test)]
 mod choices_tests;
 #[cfg(test)]
 mod prefix_tests;
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;

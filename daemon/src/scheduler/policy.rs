@@ -26,6 +26,7 @@ use crate::request::SeqId;
 
 use super::block_manager::BlockManager;
 use super::sequence::{Sequence, TokenizedRequest};
+use super::speculative::{SpecState, SpecStats, Speculation};
 
 mod fork;
 
@@ -142,6 +143,8 @@ pub struct EngineStats {
     pub prompt_tokens_computed: u64,
     /// Prefix cache counters.
     pub prefix_cache: PrefixCacheStats,
+    /// Speculative decoding counters.
+    pub speculative: SpecStats,
 }
 
 /// Queues, running set and KV blocks.
@@ -163,6 +166,9 @@ pub struct Scheduler {
     /// Blocks of forked choices to copy in the next step.
     copies: Vec<PendingCopy>,
     prompt_tokens_computed: u64,
+    /// Speculative decoding, when on.
+    spec: Option<Speculation>,
+    spec_stats: SpecStats,
 }
 
 impl Scheduler {
@@ -181,7 +187,20 @@ impl Scheduler {
             loads: Vec::new(),
             copies: Vec::new(),
             prompt_tokens_computed: 0,
+            spec: None,
+            spec_stats: SpecStats {
+                method: "off",
+                ..SpecStats::default()
+            },
         }
+    }
+
+    /// Turns speculative decoding on (n-gram drafts, see [`super::speculative`]).
+    pub fn with_speculation(mut self, spec: Speculation) -> Self {
+        self.spec_stats.method = "ngram";
+        self.spec_stats.k = spec.k;
+        self.spec = Some(spec);
+        self
     }
 
     /// Turns prefix caching on.
@@ -241,6 +260,7 @@ impl Scheduler {
             steps: self.steps,
             prompt_tokens_computed: self.prompt_tokens_computed,
             prefix_cache: self.prefix_cache_stats(),
+            speculative: self.spec_stats.with_ratios(),
         }
     }
 
@@ -330,8 +350,10 @@ impl Scheduler {
         // after a preemption.
         let budget = req.sampling.max_tokens.min(ctx - n).min(kv_tokens - n);
         let fp = self.prefix.as_ref().map(|p| &p.fingerprint);
-        self.waiting
-            .push_back(Sequence::with_cache(req, budget, fp));
+        let speculate = self.spec.is_some() && req.sampling.speculative;
+        let mut seq = Sequence::with_cache(req, budget, fp);
+        seq.spec = speculate.then(SpecState::default);
+        self.waiting.push_back(seq);
         Ok(())
     }
 
@@ -369,6 +391,8 @@ impl Scheduler {
         self.blocks.free(s.id);
         s.computed = 0;
         s.in_flight = 0;
+        s.drafts.clear();
+        s.unpersisted.clear();
         s.preemptions += 1;
         self.preemptions_total += 1;
         tracing::info!(
@@ -459,6 +483,8 @@ impl Scheduler {
             budget -= n;
             s.in_flight = n;
         }
+        // 4. Drafts from what the budget has left.
+        self.plan_drafts(budget);
         let mut items = Vec::new();
         for i in 0..self.running.len() {
             if self.running[i].in_flight == 0 {
@@ -473,12 +499,14 @@ impl Scheduler {
                 .as_ref()
                 .map_or(0, |e| e.rows_wanted(start, end, s.prompt.len()));
             self.prompt_tokens_computed += end.min(s.prompt.len()).saturating_sub(start) as u64;
+            let mut tokens = s.pending_tokens(s.in_flight);
+            tokens.extend_from_slice(&s.drafts);
             items.push(BatchItem {
                 seq: s.id,
-                tokens: s.pending_tokens(s.in_flight),
+                tokens,
                 start_pos: start,
                 block_table: self.blocks.table(s.id).to_vec(),
-                logit_rows: next_token.max(scores),
+                logit_rows: next_token.max(scores) + s.drafts.len(),
                 prompt_len: s.prompt.len(),
                 persist,
             });
@@ -496,6 +524,83 @@ impl Scheduler {
             },
             admitted,
         )
+    }
+
+    /// Gives decoding sequences drafts to verify after their pending token, within
+    /// `budget` tokens, while at most `speculative.max_running` sequences decode (more
+    /// make the step compute-bound, where extra rows cost what they save). Each draft
+    /// needs a KV slot: a sequence whose blocks cannot grow for them runs without.
+    fn plan_drafts(&mut self, mut budget: usize) {
+        for s in &mut self.running {
+            s.drafts.clear();
+        }
+        let Some(spec) = self.spec else {
+            return;
+        };
+        let decoding = |s: &Sequence| s.in_flight == 1 && !s.is_prefilling();
+        let n = self.running.iter().filter(|s| decoding(s)).count();
+        if n == 0 || n > spec.max_running {
+            return;
+        }
+        for i in 0..self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            let s = &mut self.running[i];
+            if !decoding(s) {
+                continue;
+            }
+            let m = s.propose_drafts(&spec, budget);
+            if m == 0 {
+                continue;
+            }
+            let (id, need) = (s.id, s.computed + 1 + m);
+            if self.blocks.ensure(id, need).is_err() {
+                self.running[i].drop_drafts();
+                continue;
+            }
+            budget -= m;
+        }
+    }
+
+    /// After `id`'s step verified `drafted` drafts and accepted the first `accepted`:
+    /// their positions (written by the step) count as computed, full blocks they
+    /// complete join the memory tier, and the blocks past the sequence's end (written
+    /// by rejected drafts) are released. The counters follow.
+    pub fn commit_drafts(&mut self, id: SeqId, drafted: usize, accepted: usize) {
+        self.spec_stats.add(drafted, accepted);
+        let Some(i) = self.running.iter().position(|s| s.id == id) else {
+            return;
+        };
+        let s = &mut self.running[i];
+        if let Some(st) = s.spec.as_mut() {
+            st.observe_verification(drafted, accepted);
+        }
+        let (from, total) = (s.computed, s.total_len());
+        s.computed += accepted;
+        self.note_unpersisted(i, from);
+        self.register_computed(i);
+        self.blocks.truncate(id, total);
+    }
+
+    /// With a disk tier: remembers the full blocks `running[i]`'s accepted drafts
+    /// completed (positions `from ..` its computed end) that the memory tier does not
+    /// hold yet, for the next step to persist (the step that computed them could not
+    /// know they would be kept).
+    fn note_unpersisted(&mut self, i: usize, from: usize) {
+        let Some(prefix) = self.prefix.as_ref().filter(|p| p.disk.is_some()) else {
+            return;
+        };
+        let bs = self.blocks.block_size();
+        let s = &mut self.running[i];
+        let (a, b) = (from / bs, s.computed / bs);
+        if s.cache.is_none() || b <= a {
+            return;
+        }
+        let hashes = s.prefix_hashes(b, bs, &prefix.fingerprint).to_vec();
+        let cache = self.blocks.cache();
+        let fresh = (a..b.min(hashes.len())).filter(|&j| !cache.contains(&hashes[j]));
+        s.unpersisted.extend(fresh);
     }
 
     /// For the head of the queue: the cached memory blocks its prefix can start with,
@@ -569,7 +674,7 @@ impl Scheduler {
     }
 
     /// Full blocks that `running[i]`'s chunk in this step completes and that no block
-    /// of the memory tier holds yet: the runner copies them to the disk tier after the
+    /// of the memory tier holds yet (and those its accepted drafts completed before): the runner copies them to the disk tier after the
     /// forward pass. Empty without a disk tier or for a request with caching off.
     fn blocks_to_persist(&mut self, i: usize) -> Vec<PersistBlock> {
         let Some(prefix) = self.prefix.as_ref().filter(|p| p.disk.is_some()) else {
@@ -581,13 +686,17 @@ impl Scheduler {
             return Vec::new();
         }
         let (from, to) = (s.computed / bs, (s.computed + s.in_flight) / bs);
-        if to <= from {
+        let earlier = std::mem::take(&mut s.unpersisted);
+        if to <= from && earlier.is_empty() {
             return Vec::new();
         }
         let hashes = s.prefix_hashes(to, bs, &prefix.fingerprint).to_vec();
         let table = self.blocks.table(s.id);
-        (from..to.min(hashes.len()))
-            .filter(|&b| !self.blocks.cache().contains(&hashes[b]))
+        let fresh =
+            (from..to.min(hashes.len())).filter(|&b| !self.blocks.cache().contains(&hashes[b]));
+        earlier
+            .into_iter()
+            .chain(fresh)
             .filter_map(|b| {
                 Some(PersistBlock {
                     block: *table.get(b)?,
@@ -605,9 +714,16 @@ impl Scheduler {
         let Some(i) = self.running.iter().position(|s| s.id == id) else {
             return;
         };
-        let bs = self.blocks.block_size();
         let s = &mut self.running[i];
         s.computed += std::mem::take(&mut s.in_flight);
+        self.register_computed(i);
+    }
+
+    /// Registers the full blocks of `running[i]`'s computed positions not registered
+    /// yet in the memory tier.
+    fn register_computed(&mut self, i: usize) {
+        let bs = self.blocks.block_size();
+        let s = &mut self.running[i];
         let (Some(prefix), Some(from)) =
             (self.prefix.as_ref(), s.cache.as_ref().map(|c| c.registered))
         else {

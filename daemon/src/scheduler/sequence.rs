@@ -13,6 +13,7 @@ use crate::request::{
 use crate::sampling::{Sampled, SamplerChain, StepContext, TokenLogprobs};
 
 use super::echo::PromptEcho;
+use super::speculative::{ngram_propose, SpecState, Speculation};
 
 mod fork;
 
@@ -133,6 +134,14 @@ pub struct Sequence {
     forks: Vec<PendingFork>,
     /// The prompt to echo (`echo`), until it is sent.
     pub echo: Option<PromptEcho>,
+    /// Speculative decoding state; `None` when the daemon or the request has it off.
+    pub spec: Option<SpecState>,
+    /// Draft tokens of the step now running, verified after the pending token (set by
+    /// [`Sequence::propose_drafts`], taken when the step returns).
+    pub drafts: Vec<u32>,
+    /// Full blocks (table indices) that accepted drafts completed, for the next step to
+    /// hand to the disk tier.
+    pub unpersisted: Vec<usize>,
 }
 
 /// A choice waiting to fork: its sampling chain and output stream.
@@ -212,6 +221,9 @@ impl Sequence {
             unsent_logprobs: Vec::new(),
             started: false,
             preemptions: 0,
+            spec: None,
+            drafts: Vec::new(),
+            unpersisted: Vec::new(),
         }
     }
 
@@ -236,6 +248,51 @@ impl Sequence {
     pub fn pending_tokens(&self, max: usize) -> Vec<u32> {
         let total = (self.prompt.len() + self.generated.len()).min(self.computed + max);
         (self.computed..total).map(|i| self.token_at(i)).collect()
+    }
+
+    /// Sets [`Self::drafts`] for the next step: the n-gram lookup's proposal over
+    /// prompt + generated, as many as the adaptive controller chooses and at most
+    /// `limit`, and never more than the generation budget can still use (the step
+    /// yields up to one token more than it has drafts). A proposal not run is
+    /// shadowed. Returns the number of drafts.
+    pub fn propose_drafts(&mut self, spec: &Speculation, limit: usize) -> usize {
+        self.drafts.clear();
+        let room = self.max_new_tokens.saturating_sub(self.generated.len() + 1);
+        let Some(state) = self.spec.as_mut() else {
+            return 0;
+        };
+        let k = spec.k.min(room);
+        if k == 0 {
+            return 0;
+        }
+        let (prompt, generated) = (&self.prompt, &self.generated);
+        let token = |i: usize| {
+            if i < prompt.len() {
+                prompt[i]
+            } else {
+                generated[i - prompt.len()]
+            }
+        };
+        let len = prompt.len() + generated.len();
+        let mut drafts = ngram_propose(len, token, spec.ngram_min, spec.ngram_max, k);
+        let m = state.draft_len(drafts.len()).min(limit);
+        if m == 0 {
+            if let Some(&d) = drafts.first() {
+                state.shadow(d);
+            }
+            return 0;
+        }
+        drafts.truncate(m);
+        self.drafts = drafts;
+        m
+    }
+
+    /// Drops this step's drafts (no KV room for them), shadowing the first.
+    pub fn drop_drafts(&mut self) {
+        if let (Some(state), Some(&d)) = (self.spec.as_mut(), self.drafts.first()) {
+            state.shadow(d);
+        }
+        self.drafts.clear();
     }
 
     /// Token `i` of prompt + generated.
@@ -338,6 +395,9 @@ impl Sequence {
     ) -> Result<TokenOutcome, InferError> {
         let token = sampled.token;
         self.chain.accept(token)?;
+        if let Some(spec) = self.spec.as_mut() {
+            spec.observe_sampled(token);
+        }
         let now = Instant::now();
         self.first_token_at.get_or_insert(now);
         self.last_token_at = Some(now);
@@ -407,6 +467,8 @@ impl Sequence {
                 prompt_tokens: self.prompt.len(),
                 completion_tokens: self.generated.len(),
                 cached_tokens: self.cached_tokens,
+                draft_tokens: self.spec.as_ref().map_or(0, |s| s.drafted),
+                accepted_draft_tokens: self.spec.as_ref().map_or(0, |s| s.accepted),
             },
             timings,
         });

@@ -40,18 +40,14 @@ impl UsageSum {
     /// Adds one choice's `done` usage.
     pub(super) fn add(&mut self, u: &Usage) {
         match &mut self.0 {
-            Some(t) => t.completion_tokens += u.completion_tokens,
+            Some(t) => t.add_completion(u),
             None => self.0 = Some(*u),
         }
     }
 
     /// The total (zeros before any choice ended).
     pub(super) fn total(&self) -> Usage {
-        self.0.unwrap_or(Usage {
-            prompt_tokens: 0,
-            completion_tokens: 0,
-            cached_tokens: 0,
-        })
+        self.0.unwrap_or_default()
     }
 }
 
@@ -166,6 +162,7 @@ mod tests {
                     prompt_tokens: 7,
                     completion_tokens,
                     cached_tokens: 0,
+                    ..Usage::default()
                 },
                 timings: Timings {
                     ttft_ms: 1.0,

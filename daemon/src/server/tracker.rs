@@ -129,9 +129,11 @@ impl Tracked {
                 } => {
                     let total = self.choice_usage.get_or_insert(Usage {
                         completion_tokens: 0,
+                        draft_tokens: 0,
+                        accepted_draft_tokens: 0,
                         ..*usage
                     });
-                    total.completion_tokens += usage.completion_tokens;
+                    total.add_completion(usage);
                     self.choices_left = self.choices_left.saturating_sub(1);
                     if self.choices_left > 0 {
                         return false;

@@ -144,6 +144,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: 1,
                     cached_tokens: 0,
+                    ..Usage::default()
                 },
                 timings: Timings {
                     ttft_ms: 1.0,

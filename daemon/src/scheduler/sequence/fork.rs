@@ -1,7 +1,7 @@
 //! [`Sequence::fork`]: the other choices of an `n > 1` request, made from the first
 //! once its prompt is computed.
 
-use super::{SeqCache, Sequence};
+use super::{SeqCache, Sequence, SpecState};
 use crate::detokenizer::Channels;
 use crate::request::{FinishReason, SeqId, StreamEvent, Timings, Usage};
 
@@ -22,6 +22,7 @@ impl Sequence {
                     prompt_tokens: self.prompt.len(),
                     completion_tokens: 0,
                     cached_tokens: self.cached_tokens,
+                    ..Usage::default()
                 },
                 timings: Timings {
                     ttft_ms: 0.0,
@@ -79,6 +80,9 @@ impl Sequence {
                     choices: self.choices,
                     forks: Vec::new(),
                     echo: None,
+                    spec: self.spec.as_ref().map(|_| SpecState::default()),
+                    drafts: Vec::new(),
+                    unpersisted: Vec::new(),
                 }
             })
             .collect()

@@ -1,0 +1,319 @@
+//! Speculative decoding's scheduling side: where drafts come from (n-gram prompt
+//! lookup), how many a sequence gets each step (an adaptive controller), and the
+//! counters for `stats`, `/metrics` and `usage`.
+//!
+//! A decoding sequence with drafts `d₁ … d_m` runs its pending token plus the drafts as
+//! one item of the step's forward pass, asking for every row's logits. Row `i` gives the
+//! distribution of the token after `d_i`; the engine loop samples the rows in order
+//! through the request's own sampling chain and keeps going while the sampled token
+//! equals the next draft (see [`crate::sampling::speculative`] for why this is Leviathan
+//! et al.'s rule for these drafts). Rows after the first mismatch are discarded, the KV
+//! positions they wrote are past the sequence's end and its blocks beyond it are
+//! released ([`crate::scheduler::BlockManager::truncate`]).
+
+use crate::config::{SpecMethod, SpeculativeConfig};
+
+/// The scheduler's speculation settings (from `[speculative]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// Most drafts per sequence per step.
+    pub k: usize,
+    /// Shortest suffix the lookup matches, tokens.
+    pub ngram_min: usize,
+    /// Longest suffix the lookup matches, tokens (tried first).
+    pub ngram_max: usize,
+    /// Drafts are proposed only while at most this many sequences decode.
+    pub max_running: usize,
+}
+
+impl Speculation {
+    /// The settings of `[speculative]`, or `None` when it is off.
+    pub fn from_config(c: &SpeculativeConfig) -> Option<Self> {
+        (c.method != SpecMethod::Off && c.max_running > 0).then_some(Self {
+            k: c.k,
+            ngram_min: c.ngram_min,
+            ngram_max: c.ngram_max,
+            max_running: c.max_running,
+        })
+    }
+}
+
+/// Prompt lookup (n-gram) proposal over `len` tokens of history (`token(i)`: prompt
+/// then output): for `n` from `max` down to `min`, the most recent earlier occurrence of
+/// the last `n` tokens proposes up to `k` tokens that followed it. The first `n` with a
+/// match wins (the longest suffix). Empty when nothing matches, the history is shorter
+/// than `min + 1` tokens, or `k` is 0.
+///
+/// The method of Saxena's prompt lookup decoding (2023) and vLLM's `ngram` proposer;
+/// the most recent occurrence is taken (the text being quoted or edited is usually the
+/// nearest).
+pub fn ngram_propose(
+    len: usize,
+    token: impl Fn(usize) -> u32,
+    min: usize,
+    max: usize,
+    k: usize,
+) -> Vec<u32> {
+    if k == 0 || min == 0 {
+        return Vec::new();
+    }
+    for n in (min..=max).rev() {
+        // The suffix is `len − n .. len`; an earlier occurrence starts at `i < len − n`.
+        let Some(suffix_start) = len.checked_sub(n) else {
+            continue;
+        };
+        let matches_at = |i: usize| (0..n).all(|j| token(i + j) == token(suffix_start + j));
+        if let Some(i) = (0..suffix_start).rev().find(|&i| matches_at(i)) {
+            let from = i + n;
+            let to = (from + k).min(len);
+            return (from..to).map(&token).collect();
+        }
+    }
+    Vec::new()
+}
+
+/// Acceptance estimate a sequence starts with (a draft from a matched n-gram).
+const PRIOR_ACCEPTANCE: f64 = 0.5;
+/// Weight of each new observation in the acceptance estimate (an exponential moving
+/// average over about the last 10 drafts).
+const ACCEPTANCE_EMA: f64 = 0.1;
+/// Cost of one extra row in a decode step, as a fraction of a one-row step: measured on
+/// the default model on 2 threads (docs/performance.md, Speculative decoding).
+pub const ROW_COST: f64 = 0.15;
+
+/// One sequence's speculation state: the adaptive draft length and its counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecState {
+    /// Estimated probability that a draft is accepted given the ones before it were.
+    acceptance: f64,
+    /// The first draft of a proposal not run this step, compared with the sampled
+    /// token to keep learning `acceptance` while speculation is off.
+    shadow: Option<u32>,
+    /// Drafts verified so far.
+    pub drafted: usize,
+    /// Of those, drafts accepted.
+    pub accepted: usize,
+    /// Steps that verified at least one draft.
+    pub verifications: usize,
+}
+
+impl Default for SpecState {
+    fn default() -> Self {
+        Self {
+            acceptance: PRIOR_ACCEPTANCE,
+            shadow: None,
+            drafted: 0,
+            accepted: 0,
+            verifications: 0,
+        }
+    }
+}
+
+impl SpecState {
+    /// How many of `available` drafts to run: the `m` maximising the expected tokens per
+    /// unit of step cost, `(1 + α + … + α^m) / (1 + m · ROW_COST)` for acceptance
+    /// estimate `α` (each draft is accepted only when all before it were). 0 turns
+    /// speculation off for this step; the first draft is then shadowed (compared with
+    /// the sampled token) so the estimate can recover.
+    pub fn draft_len(&mut self, available: usize) -> usize {
+        let a = self.acceptance;
+        let (mut best, mut best_m) = (1.0, 0);
+        let (mut gain, mut p) = (1.0, 1.0);
+        for m in 1..=available {
+            p *= a;
+            gain += p;
+            let v = gain / (1.0 + m as f64 * ROW_COST);
+            if v > best {
+                (best, best_m) = (v, m);
+            }
+        }
+        best_m
+    }
+
+    /// Records that the first draft `d` was not run this step: [`Self::observe_sampled`]
+    /// compares it with the token sampled.
+    pub fn shadow(&mut self, d: u32) {
+        self.shadow = Some(d);
+    }
+
+    /// The token sampled in a step without drafts: a shadowed draft counts as accepted
+    /// or rejected in the estimate (not in the counters).
+    pub fn observe_sampled(&mut self, token: u32) {
+        if let Some(d) = self.shadow.take() {
+            self.update(d == token);
+        }
+    }
+
+    /// A verification of `drafted` drafts accepted the first `accepted` of them.
+    pub fn observe_verification(&mut self, drafted: usize, accepted: usize) {
+        self.shadow = None;
+        if drafted == 0 {
+            return;
+        }
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.verifications += 1;
+        for _ in 0..accepted {
+            self.update(true);
+        }
+        if accepted < drafted {
+            self.update(false);
+        }
+    }
+
+    /// `accepted / drafted` (0 before any draft).
+    pub fn acceptance_rate(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+
+    /// Tokens per verification step: `(accepted + verifications) / verifications`.
+    pub fn tokens_per_verification(&self) -> f64 {
+        ratio(self.accepted + self.verifications, self.verifications)
+    }
+
+    fn update(&mut self, accepted: bool) {
+        let x = if accepted { 1.0 } else { 0.0 };
+        self.acceptance += ACCEPTANCE_EMA * (x - self.acceptance);
+    }
+}
+
+/// Engine-wide speculation counters (`stats.speculative`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct SpecStats {
+    /// `speculative.method` (`"off"` or `"ngram"`).
+    pub method: &'static str,
+    /// `speculative.k`.
+    pub k: usize,
+    /// Draft tokens verified since start.
+    pub draft_tokens: u64,
+    /// Of those, drafts accepted.
+    pub accepted_tokens: u64,
+    /// `accepted_tokens / draft_tokens` (0 before any draft).
+    pub acceptance_rate: f64,
+    /// Sequence steps that verified drafts.
+    pub verification_steps: u64,
+    /// Tokens those steps produced per step (accepted drafts plus the one sampled
+    /// after them): `(accepted_tokens + verification_steps) / verification_steps`.
+    pub tokens_per_verification: f64,
+}
+
+impl SpecStats {
+    /// Adds one sequence step that verified `drafted` drafts and accepted `accepted`.
+    pub fn add(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.draft_tokens += drafted as u64;
+        self.accepted_tokens += accepted as u64;
+        self.verification_steps += 1;
+    }
+
+    /// The counters with their ratios filled in.
+    pub fn with_ratios(mut self) -> Self {
+        let (a, d, v) = (
+            self.accepted_tokens as usize,
+            self.draft_tokens as usize,
+            self.verification_steps as usize,
+        );
+        self.acceptance_rate = ratio(a, d);
+        self.tokens_per_verification = ratio(a + v, v);
+        self
+    }
+}
+
+/// `a / b`, 0 when `b` is 0.
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn propose(h: &[u32], min: usize, max: usize, k: usize) -> Vec<u32> {
+        ngram_propose(h.len(), |i| h[i], min, max, k)
+    }
+
+    #[test]
+    fn the_longest_suffix_proposes_what_followed_it() {
+        // "7 8 9" occurred earlier, followed by 1 2 3; the 1-gram "9" also occurs later
+        // (followed by 5), but the longer match wins.
+        let h = [7, 8, 9, 1, 2, 3, 9, 5, 7, 8, 9];
+        assert_eq!(propose(&h, 1, 3, 2), vec![1, 2]);
+        assert_eq!(propose(&h, 1, 3, 10), vec![1, 2, 3, 9, 5, 7, 8, 9]);
+        // Only 1-grams allowed: the most recent earlier "9" (index 6) is followed by 5.
+        assert_eq!(propose(&h, 1, 1, 3), vec![5, 7, 8]);
+    }
+
+    #[test]
+    fn the_most_recent_occurrence_wins_among_equal_lengths() {
+        let h = [1, 2, 10, 1, 2, 20, 1, 2];
+        assert_eq!(propose(&h, 2, 2, 1), vec![20]);
+    }
+
+    #[test]
+    fn bounds_are_respected() {
+        let h = [4, 5, 6, 4, 5];
+        // The 2-gram "4 5" matches; with min 3 nothing does.
+        assert_eq!(propose(&h, 2, 3, 4), vec![6, 4, 5]);
+        assert!(propose(&h, 3, 4, 4).is_empty());
+        assert!(propose(&h, 1, 2, 0).is_empty(), "k = 0");
+        // A proposal stops at the end of the history.
+        assert_eq!(propose(&[3, 3], 1, 1, 5), vec![3]);
+    }
+
+    #[test]
+    fn empty_and_short_histories_propose_nothing() {
+        assert!(propose(&[], 1, 4, 4).is_empty());
+        assert!(propose(&[9], 1, 4, 4).is_empty());
+        assert!(propose(&[1, 2, 3, 4], 1, 4, 4).is_empty(), "no repeat");
+    }
+
+    #[test]
+    fn draft_length_follows_acceptance() {
+        let mut s = SpecState::default();
+        // α = 0.5: (1 + .5) / 1.15 = 1.30 beats m = 0 (1.0); m = 2: 1.75 / 1.3 = 1.35;
+        // m = 3: 1.875 / 1.45 = 1.29.
+        assert_eq!(s.draft_len(8), 2);
+        assert_eq!(s.draft_len(1), 1);
+        assert_eq!(s.draft_len(0), 0);
+        for _ in 0..40 {
+            s.observe_verification(8, 8);
+        }
+        assert_eq!(s.draft_len(8), 8, "near-certain drafts: all of them");
+        for _ in 0..40 {
+            s.observe_verification(1, 0);
+        }
+        assert_eq!(s.draft_len(8), 0, "rejected drafts: speculation off");
+        assert_eq!(s.drafted, 360);
+        assert_eq!(s.accepted, 320);
+        assert_eq!(s.verifications, 80);
+        // Shadowed drafts that would have been accepted bring it back.
+        for _ in 0..30 {
+            s.shadow(5);
+            s.observe_sampled(5);
+        }
+        assert!(s.draft_len(8) >= 4);
+        assert_eq!(s.drafted, 360, "shadows are not counted as drafts");
+    }
+
+    #[test]
+    fn stats_ratios() {
+        let mut st = SpecStats::default();
+        assert_eq!(st.with_ratios().acceptance_rate, 0.0);
+        st.add(4, 3);
+        st.add(4, 1);
+        st.add(0, 0);
+        let r = st.with_ratios();
+        assert_eq!(
+            (r.draft_tokens, r.accepted_tokens, r.verification_steps),
+            (8, 4, 2)
+        );
+        assert_eq!(r.acceptance_rate, 0.5);
+        assert_eq!(r.tokens_per_verification, 3.0);
+    }
+}
