@@ -363,3 +363,80 @@ fn every_prompt_row_equals_the_decode_step_at_its_position() {
         assert_eq!(bits(a), bits(b), "position {pos}");
     }
 }
+
+/// A speculative verification item (the pending token plus drafts, a logits row each,
+/// past the prompt) gives each row the bits of the one-token decode step at its
+/// position, alone and beside another sequence's prefill chunk and decode, under both
+/// Q4_1 policies: the rows of a k-row pass are row-independent, so greedy output is the
+/// same with and without speculation.
+#[test]
+fn verification_rows_equal_one_row_decode_steps_bit_for_bit() {
+    for policy in [
+        MatrixPolicy::default(),
+        MatrixPolicy {
+            kernels: Kernels::Native,
+            quantize: Quantize::Q8_0,
+        },
+    ] {
+        let model = load(policy);
+        let prompt = prompts()[2].clone(); // 17 tokens
+        let want = solo(&model, &prompt, 6);
+        let tokens: Vec<u32> = want[..6].iter().map(|l| argmax(l)).collect();
+        let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 16, &Device::Cpu).expect("pool");
+        let mut runner = ModelRunner::new(model, pool);
+        let others = prompts();
+        let item = |seq: u64,
+                    tokens: Vec<u32>,
+                    start_pos: usize,
+                    rows: usize,
+                    table: Vec<u32>,
+                    prompt_len: usize| BatchItem {
+            seq: SeqId(seq),
+            tokens,
+            start_pos,
+            block_table: table,
+            logit_rows: rows,
+            prompt_len,
+            persist: Vec::new(),
+        };
+        for company in [false, true] {
+            let mut items = vec![item(1, prompt.clone(), 0, 1, vec![9, 4], prompt.len())];
+            if company {
+                items.push(item(2, others[3][..20].to_vec(), 0, 0, vec![1, 2, 3], 40));
+                items.push(item(3, others[0].clone(), 0, 1, vec![7], 5));
+            }
+            let out = runner.run(RunBatch {
+                items,
+                ..RunBatch::default()
+            });
+            let first = out.items[0].logits.as_ref().expect("prefill");
+            assert_eq!(bits(&first[0]), bits(&want[0]), "{policy:?} prefill");
+            // Pending token t1 and drafts t2..t5 (the greedy continuation): rows 1..=5.
+            let mut items = vec![item(
+                1,
+                tokens[..5].to_vec(),
+                17,
+                5,
+                vec![9, 4],
+                prompt.len(),
+            )];
+            if company {
+                items.push(item(2, others[3][20..].to_vec(), 20, 1, vec![1, 2, 3], 40));
+                items.push(item(3, vec![42], 5, 1, vec![7], 5));
+            }
+            let out = runner.run(RunBatch {
+                items,
+                ..RunBatch::default()
+            });
+            let rows = out.items[0].logits.as_ref().expect("verification");
+            assert_eq!(rows.len(), 5);
+            for (r, row) in rows.iter().enumerate() {
+                assert_eq!(
+                    bits(row),
+                    bits(&want[r + 1]),
+                    "{policy:?} company {company} row {r}"
+                );
+            }
+        }
+    }
+}
