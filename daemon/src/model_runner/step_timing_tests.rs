@@ -68,3 +68,83 @@ fn step_timing() {
         1e3 / d[1]
     );
 }
+
+/// Cost of speculative verification rows: `b` sequences decoding at once after 64-token
+/// prompts, each running `r` rows (its pending token plus `r − 1` drafts) with a logits
+/// row each, as the scheduler batches them. Prints the p25 step time and its ratio to
+/// the one-row step of the same batch; `ROW_COST` in `scheduler::speculative` and the
+/// default `speculative.max_running` come from this table (docs/performance.md).
+///
+/// ```text
+/// cargo test --release -p inferd --lib verification_step_timing -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore = "timing on a real file; prints only"]
+fn verification_step_timing() {
+    use super::runner::{BatchItem, ModelRunner, RunBatch};
+    use crate::model::KvBlockPool;
+    use crate::request::SeqId;
+
+    let path = std::env::var_os("INFERD_STEP_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(default_model_path);
+    let opts = LoadOptions {
+        device: Device::Cpu,
+        matrices: MatrixPolicy::default(),
+    };
+    let model = crate::model::load(&path, &opts).expect("load").model;
+    let (bs, per_seq) = (16usize, 8usize);
+    let pool = KvBlockPool::new(&model.kv_layout(), bs, 16 * per_seq, &Device::Cpu).expect("pool");
+    let mut runner = ModelRunner::new(model, pool);
+    let item = |s: usize, tokens: Vec<u32>, start_pos: usize, rows: usize| BatchItem {
+        seq: SeqId(s as u64),
+        tokens,
+        start_pos,
+        block_table: (0..per_seq).map(|b| (s * per_seq + b) as u32).collect(),
+        logit_rows: rows,
+        prompt_len: 64,
+        persist: Vec::new(),
+    };
+    let prompt = |s: usize| -> Vec<u32> {
+        (0..64u32)
+            .map(|i| 200 + (i * 37 + s as u32 * 101) % 5000)
+            .collect()
+    };
+    let items = (0..16).map(|s| item(s, prompt(s), 0, 1)).collect();
+    runner.run(RunBatch {
+        items,
+        ..RunBatch::default()
+    });
+    println!("batch  rows/seq  p25 ms  vs 1 row  ms per extra row / 1-row step");
+    for b in [1usize, 2, 4, 8, 16] {
+        let mut base = 0.0;
+        for r in [1usize, 2, 3, 5, 9] {
+            let mut times = Vec::new();
+            for rep in 0..24 {
+                // Positions 64 .. 64 + r, rewritten each rep (the cached context stays 64).
+                let items = (0..b)
+                    .map(|s| item(s, vec![300 + rep as u32; r], 64, r))
+                    .collect();
+                let t = Instant::now();
+                runner.run(RunBatch {
+                    items,
+                    ..RunBatch::default()
+                });
+                times.push(t.elapsed().as_secs_f64());
+            }
+            let p25 = quantiles(&mut times, &[0.25])[0];
+            if r == 1 {
+                base = p25;
+            }
+            let per_row = if r > 1 {
+                (p25 / base - 1.0) / (r - 1) as f64
+            } else {
+                0.0
+            };
+            println!(
+                "{b:>5}  {r:>8}  {p25:>6.2}  {:>8.2}  {per_row:>6.3}",
+                p25 / base
+            );
+        }
+    }
+}
