@@ -23,6 +23,8 @@ use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits,
 use crate::server::{serve, Engine, SharedPlugins, State};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
+mod draft;
+
 /// Sets the CPU thread count of the model math: our kernels' thread team
 /// ([`crate::model::team`]) and rayon's global pool (candle's CPU ops), which reads
 /// `RAYON_NUM_THREADS` when first used; this must run before any model code. `0` = one
@@ -117,6 +119,8 @@ struct Loaded {
     num_blocks: usize,
     block_size: usize,
     model_id: String,
+    /// The draft model's cost per token against the target's (draft method), else 0.
+    draft_cost: f64,
 }
 
 /// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
@@ -179,7 +183,12 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         load_ms = t0.elapsed().as_millis() as u64,
         "model loaded"
     );
-    let bytes_per_token = kv.bytes_per_token();
+    let draft = draft::load_draft(settings, loaded.model.device(), &tokenizer)?;
+    // The draft model's K/V sit in a pool of their own under the same block ids: one
+    // block holds both, and the budget pays for both.
+    let draft_kv = draft.as_ref().map(|d| d.model.kv_layout());
+    let bytes_per_token =
+        kv.bytes_per_token() + draft_kv.as_ref().map_or(0, |k| k.bytes_per_token());
     let block_size = settings.scheduler.block_size;
     let num_blocks =
         (settings.scheduler.kv_cache_bytes / (bytes_per_token * block_size) as u64) as usize;
@@ -215,7 +224,16 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
     crate::service::status("opening the prefix store");
     let prefix = open_prefix_store(settings, &cfg, &pool, loaded.model.device())?;
-    let model_runner = ModelRunner::new(loaded.model, pool);
+    let mut model_runner = ModelRunner::new(loaded.model, pool);
+    let mut draft_cost = 0.0;
+    if let (Some(d), Some(dkv)) = (draft, draft_kv) {
+        let pool =
+            KvBlockPool::new(&dkv, block_size, num_blocks, d.model.device()).map_err(|e| {
+                anyhow::anyhow!("draft KV cache: {}", crate::model::candle_error_message(&e))
+            })?;
+        draft_cost = d.cost;
+        model_runner = model_runner.with_draft(d.model, pool);
+    }
     let mut disk_store = None;
     let mut prefix_caching = None;
     if let Some((fingerprint, disk)) = prefix {
@@ -247,6 +265,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         num_blocks,
         block_size,
         model_id,
+        draft_cost,
     })
 }
 
@@ -348,6 +367,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         num_blocks,
         block_size,
         model_id,
+        draft_cost,
     } = loaded;
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
@@ -382,7 +402,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         max_batch_tokens: settings.scheduler.max_batch_tokens,
         attention_cost_tokens: settings.scheduler.attention_cost_tokens,
     };
-    let speculation = Speculation::from_config(&settings.speculative);
+    let speculation = Speculation::from_config(&settings.speculative, draft_cost);
     let engine_arbiter = Arbiter::new();
     let tok_for_sched = tokenizer.clone();
     let store_for_sched = match (store_reader, &store_addr) {

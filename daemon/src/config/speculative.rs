@@ -1,6 +1,8 @@
 //! `[speculative]`: speculative decoding (drafts verified by the target model in one
 //! forward pass; see `crate::scheduler::speculative`).
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use super::{whole_number, ConfigError};
@@ -15,6 +17,9 @@ pub enum SpecMethod {
     /// earlier proposes the tokens that followed it (vLLM's `ngram` method, llama.cpp's
     /// `--spec-type ngram-*`).
     Ngram,
+    /// A draft model (`speculative.draft_model`) with the target's vocabulary proposes
+    /// greedily (llama.cpp's `-md`, vLLM's draft models).
+    Draft,
 }
 
 /// Most drafts one verification may carry.
@@ -26,8 +31,11 @@ pub const MAX_NGRAM: usize = 64;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SpeculativeConfig {
-    /// `"ngram"` (default) or `"off"`.
+    /// `"ngram"` (default), `"draft"` or `"off"`.
     pub method: SpecMethod,
+    /// The draft model of `method = "draft"`: a GGUF file or Hugging Face directory
+    /// whose vocabulary equals the target's (checked at start-up).
+    pub draft_model: PathBuf,
     /// Most draft tokens per sequence per step, in `[1, 32]`; the adaptive controller
     /// uses fewer (or none) when drafts are seldom accepted.
     #[serde(deserialize_with = "whole_number")]
@@ -49,6 +57,7 @@ impl Default for SpeculativeConfig {
     fn default() -> Self {
         Self {
             method: SpecMethod::Ngram,
+            draft_model: PathBuf::new(),
             k: 8,
             ngram_min: 2,
             ngram_max: 4,
@@ -81,6 +90,13 @@ impl SpeculativeConfig {
                 "speculative.ngram_min must be in [1, speculative.ngram_max = {}] (got {})",
                 self.ngram_max, self.ngram_min
             ));
+        }
+        if self.method == SpecMethod::Draft && self.draft_model.as_os_str().is_empty() {
+            return bad(
+                "speculative.draft_model must name a model file or directory when \
+                 speculative.method = \"draft\" (got nothing)"
+                    .into(),
+            );
         }
         if self.max_running > 65536 {
             return bad(format!(
@@ -123,6 +139,14 @@ mod tests {
                 ..d()
             }),
             "speculative.ngram_max must be in [1, 64] (got 65)"
+        );
+        assert_eq!(
+            msg(SpeculativeConfig {
+                method: SpecMethod::Draft,
+                ..d()
+            }),
+            "speculative.draft_model must name a model file or directory when \
+             speculative.method = \"draft\" (got nothing)"
         );
     }
 }

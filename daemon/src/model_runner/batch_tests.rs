@@ -72,6 +72,7 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
                 logit_rows: 1,
                 prompt_len: prompts[i].len(),
                 persist: Vec::new(),
+                draft: None,
             })
             .collect();
         let step = runner.run(RunBatch {
@@ -134,6 +135,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 logit_rows: usize::from(long_pos + chunk == long.len()),
                 prompt_len: long.len(),
                 persist: Vec::new(),
+                draft: None,
             },
             BatchItem {
                 seq: SeqId(2),
@@ -143,6 +145,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 logit_rows: 1,
                 prompt_len: short.len(),
                 persist: Vec::new(),
+                draft: None,
             },
         ];
         let mut out = runner
@@ -229,6 +232,7 @@ fn bad_block_tables_are_errors_not_panics() {
         logit_rows: 1,
         prompt_len: tokens,
         persist: Vec::new(),
+        draft: None,
     };
     for (tokens, table, want) in [
         (
@@ -344,6 +348,7 @@ fn every_prompt_row_equals_the_decode_step_at_its_position() {
             logit_rows: end - start,
             prompt_len: prompt.len(),
             persist: Vec::new(),
+            draft: None,
         };
         let out = runner.run(RunBatch {
             items: vec![item],
@@ -398,6 +403,7 @@ fn verification_rows_equal_one_row_decode_steps_bit_for_bit() {
             logit_rows: rows,
             prompt_len,
             persist: Vec::new(),
+            draft: None,
         };
         for company in [false, true] {
             let mut items = vec![item(1, prompt.clone(), 0, 1, vec![9, 4], prompt.len())];

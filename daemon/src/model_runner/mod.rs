@@ -6,7 +6,8 @@ mod runner;
 
 pub use actor::ModelRunnerActor;
 pub use runner::{
-    BatchItem, BlockCopy, BlockLoad, ItemOutput, ModelRunner, PersistBlock, RunBatch, StepOutput,
+    BatchItem, BlockCopy, BlockLoad, DraftWork, ItemOutput, ModelRunner, PersistBlock, RunBatch,
+    StepOutput,
 };
 
 use candle_core::Device;

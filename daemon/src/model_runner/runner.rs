@@ -62,6 +62,24 @@ pub struct BatchItem {
     pub prompt_len: usize,
     /// Blocks this step completes that the prefix store should keep.
     pub persist: Vec<PersistBlock>,
+    /// Drafts for the runner's draft model to propose before the forward pass
+    /// (`speculative.method = "draft"`); they are appended to `tokens`, and
+    /// `logit_rows` already counts a row for each.
+    pub draft: Option<DraftWork>,
+}
+
+/// What the draft model does for one item: catch up on the positions it has not
+/// computed, then propose `k` tokens greedily, one forward pass each (batched with the
+/// other items' drafting). Its K/V live in the draft pool under the item's block table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftWork {
+    /// The sequence's tokens from `start_pos` up to and including its pending token
+    /// (at least that one).
+    pub tokens: Vec<u32>,
+    /// Position of `tokens[0]`: what the draft model has already computed.
+    pub start_pos: usize,
+    /// Drafts to propose (≥ 1).
+    pub k: usize,
 }
 
 /// One engine step: the items run together in one forward pass.
@@ -96,6 +114,9 @@ pub struct ItemOutput {
     /// `(vocab_size,)` f32 (empty for none); or why the step failed (every item of the
     /// step gets the error).
     pub logits: Result<Vec<Vec<f32>>, InferError>,
+    /// The drafts the draft model proposed for the item (run after its tokens), empty
+    /// without [`BatchItem::draft`].
+    pub drafts: Vec<u32>,
 }
 
 /// Result of one step, in the order of [`RunBatch::items`].
@@ -112,6 +133,8 @@ pub struct ModelRunner {
     model: Model,
     pool: KvBlockPool,
     persist: Option<PersistSink>,
+    /// The draft model and its KV pool (same block ids as `pool`).
+    draft: Option<(Model, KvBlockPool)>,
 }
 
 impl ModelRunner {
@@ -121,7 +144,15 @@ impl ModelRunner {
             model,
             pool,
             persist: None,
+            draft: None,
         }
+    }
+
+    /// Adds a draft model for speculative decoding, with its own KV pool of as many
+    /// blocks as the target's (a sequence's block table serves both).
+    pub fn with_draft(mut self, model: Model, pool: KvBlockPool) -> Self {
+        self.draft = Some((model, pool));
+        self
     }
 
     /// Sends the blocks batches ask to persist to `sink` (the prefix store's disk tier).
@@ -144,7 +175,7 @@ impl ModelRunner {
     /// blocks into the pool, runs one batched forward pass, then copies out the blocks
     /// to persist and offers them to the store (dropped when its queue is full; never
     /// waited on).
-    pub fn run(&mut self, batch: RunBatch) -> StepOutput {
+    pub fn run(&mut self, mut batch: RunBatch) -> StepOutput {
         // Copies first: a copy's source block was computed by the previous step and may
         // have been handed to a sequence whose disk blocks load into it now.
         let loaded = batch
@@ -171,12 +202,36 @@ impl ModelRunner {
                     .map(|i| ItemOutput {
                         seq: i.seq,
                         logits: Err(e.clone()),
+                        drafts: Vec::new(),
                     })
                     .collect(),
             };
         }
         if batch.items.is_empty() {
             return StepOutput::default();
+        }
+        let drafts = match self.propose_drafts(&batch.items) {
+            Ok(d) => d,
+            Err(e) => {
+                let e = InferError::internal(format!(
+                    "draft model forward pass failed: {}",
+                    crate::model::candle_error_message(&e)
+                ));
+                return StepOutput {
+                    items: batch
+                        .items
+                        .iter()
+                        .map(|i| ItemOutput {
+                            seq: i.seq,
+                            logits: Err(e.clone()),
+                            drafts: Vec::new(),
+                        })
+                        .collect(),
+                };
+            }
+        };
+        for (item, d) in batch.items.iter_mut().zip(&drafts) {
+            item.tokens.extend_from_slice(d);
         }
         let seqs: Vec<ForwardSeq<'_>> = batch
             .items
@@ -221,11 +276,12 @@ impl ModelRunner {
         match result {
             Ok(rows) => {
                 let mut rows = rows.unwrap_or_default().into_iter();
-                for item in &batch.items {
+                for (item, drafts) in batch.items.iter().zip(drafts) {
                     let logits: Vec<Vec<f32>> = rows.by_ref().take(item.logit_rows).collect();
                     out.items.push(ItemOutput {
                         seq: item.seq,
                         logits: Ok(logits),
+                        drafts,
                     });
                 }
             }
@@ -234,10 +290,70 @@ impl ModelRunner {
                     out.items.push(ItemOutput {
                         seq: item.seq,
                         logits: Err(e.clone()),
+                        drafts: Vec::new(),
                     });
                 }
             }
         }
         out
+    }
+
+    /// Runs the draft model for the items with [`BatchItem::draft`]: one forward pass
+    /// over every such item's catch-up tokens, then one pass per further draft over
+    /// the items still drafting, each proposing its row's argmax (greedy drafts: a
+    /// point-mass proposal, see [`crate::sampling::speculative`]). Returns the drafts
+    /// per item (empty for the others).
+    fn propose_drafts(&mut self, items: &[BatchItem]) -> candle_core::Result<Vec<Vec<u32>>> {
+        let mut drafts = vec![Vec::new(); items.len()];
+        let Some((model, pool)) = self.draft.as_mut() else {
+            return Ok(drafts);
+        };
+        // (item, tokens to run, their first position) for the items still drafting.
+        let mut active: Vec<(usize, Vec<u32>, usize)> = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, it)| {
+                let w = it
+                    .draft
+                    .as_ref()
+                    .filter(|w| w.k > 0 && !w.tokens.is_empty())?;
+                Some((i, w.tokens.clone(), w.start_pos))
+            })
+            .collect();
+        while !active.is_empty() {
+            let seqs: Vec<ForwardSeq<'_>> = active
+                .iter()
+                .map(|(i, tokens, start_pos)| ForwardSeq {
+                    tokens,
+                    start_pos: *start_pos,
+                    block_table: &items[*i].block_table,
+                    logit_rows: 1,
+                    prompt_len: items[*i].prompt_len,
+                })
+                .collect();
+            let rows = match model.forward_batch(&seqs, pool)? {
+                Some(t) => t.to_vec2::<f32>()?,
+                None => Vec::new(),
+            };
+            if rows.len() != active.len() {
+                candle_core::bail!(
+                    "the draft model returned {} rows for {}",
+                    rows.len(),
+                    active.len()
+                );
+            }
+            let mut next = Vec::with_capacity(active.len());
+            for ((i, tokens, start_pos), row) in active.into_iter().zip(rows) {
+                let t = crate::sampling::argmax(&row)
+                    .map_err(|e| candle_core::Error::Msg(e.message))?;
+                drafts[i].push(t);
+                let k = items[i].draft.as_ref().map_or(0, |w| w.k);
+                if drafts[i].len() < k {
+                    next.push((i, vec![t], start_pos + tokens.len()));
+                }
+            }
+            active = next;
+        }
+        Ok(drafts)
     }
 }

@@ -315,8 +315,12 @@ impl SchedulerActor {
             if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
                 continue; // swept before the next step / more prompt chunks to go
             }
-            if !seq.drafts.is_empty() {
-                let drafts = std::mem::take(&mut seq.drafts);
+            // Drafts of the lookup (the sequence's) or of the draft model (the item's).
+            if !seq.drafts.is_empty() || seq.model_drafts > 0 {
+                let drafts = match std::mem::take(&mut seq.drafts) {
+                    d if d.is_empty() => item.drafts,
+                    d => d,
+                };
                 self.verify(item.seq, &drafts, rows);
                 continue;
             }

@@ -197,7 +197,11 @@ impl Scheduler {
 
     /// Turns speculative decoding on (n-gram drafts, see [`super::speculative`]).
     pub fn with_speculation(mut self, spec: Speculation) -> Self {
-        self.spec_stats.method = "ngram";
+        self.spec_stats.method = if spec.draft_cost.is_some() {
+            "draft"
+        } else {
+            "ngram"
+        };
         self.spec_stats.k = spec.k;
         self.spec = Some(spec);
         self
@@ -350,9 +354,9 @@ impl Scheduler {
         // after a preemption.
         let budget = req.sampling.max_tokens.min(ctx - n).min(kv_tokens - n);
         let fp = self.prefix.as_ref().map(|p| &p.fingerprint);
-        let speculate = self.spec.is_some() && req.sampling.speculative;
+        let spec = self.spec.filter(|_| req.sampling.speculative);
         let mut seq = Sequence::with_cache(req, budget, fp);
-        seq.spec = speculate.then(SpecState::default);
+        seq.spec = spec.as_ref().map(SpecState::new);
         self.waiting.push_back(seq);
         Ok(())
     }
@@ -392,7 +396,11 @@ impl Scheduler {
         s.computed = 0;
         s.in_flight = 0;
         s.drafts.clear();
+        s.model_drafts = 0;
         s.unpersisted.clear();
+        if let Some(st) = s.spec.as_mut() {
+            st.draft_computed = 0;
+        }
         s.preemptions += 1;
         self.preemptions_total += 1;
         tracing::info!(
@@ -506,7 +514,8 @@ impl Scheduler {
                 tokens,
                 start_pos: start,
                 block_table: self.blocks.table(s.id).to_vec(),
-                logit_rows: next_token.max(scores) + s.drafts.len(),
+                logit_rows: next_token.max(scores) + s.planned_drafts(),
+                draft: s.draft_work(),
                 prompt_len: s.prompt.len(),
                 persist,
             });
@@ -533,6 +542,7 @@ impl Scheduler {
     fn plan_drafts(&mut self, mut budget: usize) {
         for s in &mut self.running {
             s.drafts.clear();
+            s.model_drafts = 0;
         }
         let Some(spec) = self.spec else {
             return;
@@ -573,10 +583,17 @@ impl Scheduler {
             return;
         };
         let s = &mut self.running[i];
+        let from = s.computed;
+        let model = std::mem::take(&mut s.model_drafts) > 0;
         if let Some(st) = s.spec.as_mut() {
             st.observe_verification(drafted, accepted);
+            if model {
+                // The draft model ran up to the pending token, then its first
+                // `drafted − 1` drafts: valid as far as they were accepted.
+                st.draft_computed = from + accepted.min(drafted.saturating_sub(1));
+            }
         }
-        let (from, total) = (s.computed, s.total_len());
+        let total = s.total_len();
         s.computed += accepted;
         self.note_unpersisted(i, from);
         self.register_computed(i);

@@ -139,6 +139,8 @@ pub struct Sequence {
     /// Draft tokens of the step now running, verified after the pending token (set by
     /// [`Sequence::propose_drafts`], taken when the step returns).
     pub drafts: Vec<u32>,
+    /// Drafts the draft model is to propose in the step now running (draft method).
+    pub model_drafts: usize,
     /// Full blocks (table indices) that accepted drafts completed, for the next step to
     /// hand to the disk tier.
     pub unpersisted: Vec<usize>,
@@ -223,6 +225,7 @@ impl Sequence {
             preemptions: 0,
             spec: None,
             drafts: Vec::new(),
+            model_drafts: 0,
             unpersisted: Vec::new(),
         }
     }
@@ -250,18 +253,25 @@ impl Sequence {
         (self.computed..total).map(|i| self.token_at(i)).collect()
     }
 
-    /// Sets [`Self::drafts`] for the next step: the n-gram lookup's proposal over
-    /// prompt + generated, as many as the adaptive controller chooses and at most
-    /// `limit`, and never more than the generation budget can still use (the step
-    /// yields up to one token more than it has drafts). A proposal not run is
-    /// shadowed. Returns the number of drafts.
+    /// Plans this sequence's drafts for the next step and returns how many: with
+    /// n-gram lookup, [`Self::drafts`] holds them (the lookup's proposal over prompt +
+    /// generated, as many as the adaptive controller chooses; a proposal not run is
+    /// shadowed); with a draft model, [`Self::model_drafts`] says how many the model
+    /// runner's draft model is to propose. At most `limit`, and never more than the
+    /// generation budget can still use (the step yields up to one token more than it
+    /// has drafts).
     pub fn propose_drafts(&mut self, spec: &Speculation, limit: usize) -> usize {
         self.drafts.clear();
+        self.model_drafts = 0;
         let room = self.max_new_tokens.saturating_sub(self.generated.len() + 1);
         let Some(state) = self.spec.as_mut() else {
             return 0;
         };
-        let k = spec.k.min(room);
+        let k = spec.k.min(room).min(limit);
+        if let Some(cost) = spec.draft_cost {
+            self.model_drafts = state.model_draft_len(k, cost);
+            return self.model_drafts;
+        }
         if k == 0 {
             return 0;
         }
@@ -275,7 +285,7 @@ impl Sequence {
         };
         let len = prompt.len() + generated.len();
         let mut drafts = ngram_propose(len, token, spec.ngram_min, spec.ngram_max, k);
-        let m = state.draft_len(drafts.len()).min(limit);
+        let m = state.draft_len(drafts.len());
         if m == 0 {
             if let Some(&d) = drafts.first() {
                 state.shadow(d);
@@ -287,12 +297,33 @@ impl Sequence {
         m
     }
 
+    /// The draft model's work for the next step: the tokens it has not computed (up
+    /// to and including the pending one) and how many drafts to propose; `None`
+    /// without [`Self::model_drafts`].
+    pub fn draft_work(&self) -> Option<crate::model_runner::DraftWork> {
+        if self.model_drafts == 0 {
+            return None;
+        }
+        let from = self.spec.as_ref()?.draft_computed.min(self.total_len() - 1);
+        Some(crate::model_runner::DraftWork {
+            tokens: (from..self.total_len()).map(|i| self.token_at(i)).collect(),
+            start_pos: from,
+            k: self.model_drafts,
+        })
+    }
+
     /// Drops this step's drafts (no KV room for them), shadowing the first.
     pub fn drop_drafts(&mut self) {
         if let (Some(state), Some(&d)) = (self.spec.as_mut(), self.drafts.first()) {
             state.shadow(d);
         }
         self.drafts.clear();
+        self.model_drafts = 0;
+    }
+
+    /// Drafts planned for the next step, from either proposer.
+    pub fn planned_drafts(&self) -> usize {
+        self.drafts.len() + self.model_drafts
     }
 
     /// Token `i` of prompt + generated.

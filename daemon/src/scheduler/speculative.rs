@@ -14,10 +14,14 @@
 use crate::config::{SpecMethod, SpeculativeConfig};
 
 /// The scheduler's speculation settings (from `[speculative]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Speculation {
     /// Most drafts per sequence per step.
     pub k: usize,
+    /// `Some(cost)`: drafts come from the model runner's draft model, each draft token
+    /// costing `cost` of a target decode step (besides its verification row); `None`:
+    /// n-gram prompt lookup.
+    pub draft_cost: Option<f64>,
     /// Shortest suffix the lookup matches, tokens.
     pub ngram_min: usize,
     /// Longest suffix the lookup matches, tokens (tried first).
@@ -27,10 +31,12 @@ pub struct Speculation {
 }
 
 impl Speculation {
-    /// The settings of `[speculative]`, or `None` when it is off.
-    pub fn from_config(c: &SpeculativeConfig) -> Option<Self> {
+    /// The settings of `[speculative]`, or `None` when it is off; `draft_cost` for the
+    /// draft method (see [`Self::draft_cost`]).
+    pub fn from_config(c: &SpeculativeConfig, draft_cost: f64) -> Option<Self> {
         (c.method != SpecMethod::Off && c.max_running > 0).then_some(Self {
             k: c.k,
+            draft_cost: (c.method == SpecMethod::Draft).then_some(draft_cost),
             ngram_min: c.ngram_min,
             ngram_max: c.ngram_max,
             max_running: c.max_running,
@@ -72,8 +78,10 @@ pub fn ngram_propose(
     Vec::new()
 }
 
-/// Acceptance estimate a sequence starts with (a draft from a matched n-gram).
+/// Acceptance estimate a sequence starts with: a draft from a matched n-gram is a
+/// coin toss; a draft model is chosen because it agrees with the target.
 const PRIOR_ACCEPTANCE: f64 = 0.5;
+const PRIOR_ACCEPTANCE_DRAFT_MODEL: f64 = 0.9;
 /// Weight of each new observation in the acceptance estimate (an exponential moving
 /// average over about the last 10 drafts).
 const ACCEPTANCE_EMA: f64 = 0.1;
@@ -81,11 +89,17 @@ const ACCEPTANCE_EMA: f64 = 0.1;
 /// the default model on 2 threads (docs/performance.md, Speculative decoding).
 pub const ROW_COST: f64 = 0.15;
 
+/// Steps a draft-model sequence goes without drafts before it drafts one token again to
+/// re-measure its acceptance (the draft model cannot be shadowed for free).
+const PROBE_INTERVAL: u32 = 16;
+
 /// One sequence's speculation state: the adaptive draft length and its counters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpecState {
     /// Estimated probability that a draft is accepted given the ones before it were.
     acceptance: f64,
+    /// What `acceptance` started from.
+    prior: f64,
     /// The first draft of a proposal not run this step, compared with the sampled
     /// token to keep learning `acceptance` while speculation is off.
     shadow: Option<u32>,
@@ -95,34 +109,85 @@ pub struct SpecState {
     pub accepted: usize,
     /// Steps that verified at least one draft.
     pub verifications: usize,
+    /// Positions whose K/V the draft model holds (draft method).
+    pub draft_computed: usize,
+    /// Consecutive steps without drafts (draft method: for the probe).
+    idle: u32,
 }
 
 impl Default for SpecState {
     fn default() -> Self {
         Self {
             acceptance: PRIOR_ACCEPTANCE,
+            prior: PRIOR_ACCEPTANCE,
             shadow: None,
             drafted: 0,
             accepted: 0,
             verifications: 0,
+            draft_computed: 0,
+            idle: 0,
         }
     }
 }
 
 impl SpecState {
+    /// The state a sequence starts with under `spec` (its prior acceptance estimate).
+    pub fn new(spec: &Speculation) -> Self {
+        let prior = if spec.draft_cost.is_some() {
+            PRIOR_ACCEPTANCE_DRAFT_MODEL
+        } else {
+            PRIOR_ACCEPTANCE
+        };
+        Self {
+            acceptance: prior,
+            prior,
+            ..Self::default()
+        }
+    }
+
+    /// The state of a choice forked from this sequence: its prior, no counts.
+    pub fn fork(&self) -> Self {
+        Self {
+            acceptance: self.prior,
+            prior: self.prior,
+            ..Self::default()
+        }
+    }
+
     /// How many of `available` drafts to run: the `m` maximising the expected tokens per
     /// unit of step cost, `(1 + α + … + α^m) / (1 + m · ROW_COST)` for acceptance
     /// estimate `α` (each draft is accepted only when all before it were). 0 turns
     /// speculation off for this step; the first draft is then shadowed (compared with
     /// the sampled token) so the estimate can recover.
     pub fn draft_len(&mut self, available: usize) -> usize {
+        self.draft_len_at(available, ROW_COST)
+    }
+
+    /// [`Self::draft_len`] for the draft method, each draft costing `draft_cost` of a
+    /// decode step on top of its row; after [`PROBE_INTERVAL`] steps without drafts it
+    /// drafts one token, so the estimate follows a change in acceptance.
+    pub fn model_draft_len(&mut self, available: usize, draft_cost: f64) -> usize {
+        let m = self.draft_len_at(available, ROW_COST + draft_cost);
+        if m > 0 || available == 0 {
+            self.idle = 0;
+            return m;
+        }
+        self.idle += 1;
+        if self.idle >= PROBE_INTERVAL {
+            self.idle = 0;
+            return 1;
+        }
+        0
+    }
+
+    fn draft_len_at(&self, available: usize, cost: f64) -> usize {
         let a = self.acceptance;
         let (mut best, mut best_m) = (1.0, 0);
         let (mut gain, mut p) = (1.0, 1.0);
         for m in 1..=available {
             p *= a;
             gain += p;
-            let v = gain / (1.0 + m as f64 * ROW_COST);
+            let v = gain / (1.0 + m as f64 * cost);
             if v > best {
                 (best, best_m) = (v, m);
             }
@@ -299,6 +364,23 @@ mod tests {
         }
         assert!(s.draft_len(8) >= 4);
         assert_eq!(s.drafted, 360, "shadows are not counted as drafts");
+    }
+
+    #[test]
+    fn draft_model_length_counts_the_draft_cost_and_probes() {
+        let mut s = SpecState::default();
+        // α = 0.5 and a draft costing 0.5 of a step: no draft pays.
+        assert_eq!(s.model_draft_len(8, 0.5), 0);
+        for _ in 0..PROBE_INTERVAL - 2 {
+            assert_eq!(s.model_draft_len(8, 0.5), 0);
+        }
+        assert_eq!(s.model_draft_len(8, 0.5), 1, "the probe");
+        assert_eq!(s.model_draft_len(8, 0.5), 0);
+        for _ in 0..40 {
+            s.observe_verification(8, 8);
+        }
+        // Near-certain drafts at 0.3 each: (1 + m) / (1 + 0.45 m) grows with m.
+        assert_eq!(s.model_draft_len(8, 0.3), 8);
     }
 
     #[test]

@@ -80,8 +80,9 @@ impl Sequence {
                     choices: self.choices,
                     forks: Vec::new(),
                     echo: None,
-                    spec: self.spec.as_ref().map(|_| SpecState::default()),
+                    spec: self.spec.as_ref().map(SpecState::fork),
                     drafts: Vec::new(),
+                    model_drafts: 0,
                     unpersisted: Vec::new(),
                 }
             })
