@@ -16,6 +16,7 @@ use crate::sampling::{Sampled, SamplerChain};
 
 const SPEC: Speculation = Speculation {
     k: 4,
+    draft_cost: None,
     ngram_min: 1,
     ngram_max: 3,
     max_running: 2,
@@ -51,6 +52,10 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (TokenizedRequest, 
 
 /// 100 blocks of 4 tokens, a budget of 32 tokens per step.
 fn sched() -> Scheduler {
+    sched_with(SPEC)
+}
+
+fn sched_with(spec: Speculation) -> Scheduler {
     let limits = SchedulerLimits {
         max_running: 8,
         max_waiting: 8,
@@ -58,7 +63,7 @@ fn sched() -> Scheduler {
         max_batch_tokens: 32,
         attention_cost_tokens: usize::MAX / 2,
     };
-    Scheduler::new(limits, BlockManager::new(100, 4)).with_speculation(SPEC)
+    Scheduler::new(limits, BlockManager::new(100, 4)).with_speculation(spec)
 }
 
 /// Runs the step's items as the engine would up to sampling: every item's in-flight
@@ -243,4 +248,57 @@ fn cancelling_mid_verification_returns_every_block() {
     assert_eq!(gone.len(), 1);
     assert_eq!(s.blocks().used_blocks(), 0);
     assert_eq!(s.blocks().free_blocks(), 100);
+}
+
+/// The draft method: the item asks the runner's draft model for drafts, catching up
+/// from what the draft model holds; after the verification the draft model holds the
+/// pending token and the accepted drafts it ran (not the last draft it proposed).
+#[test]
+fn a_draft_model_item_catches_up_and_tracks_what_the_draft_holds() {
+    let mut s = sched_with(Speculation {
+        draft_cost: Some(0.2),
+        ..SPEC
+    });
+    let (req, _rx) = request(1, 10, 50);
+    s.submit(req).expect("submit");
+    let (batch, _) = s.schedule();
+    assert!(batch.items[0].draft.is_none(), "no drafts while prefilling");
+    prefill_and_sample(&mut s, &batch, 3);
+    let (batch, _) = s.schedule();
+    let item = &batch.items[0];
+    let work = item.draft.as_ref().expect("draft work");
+    // Prior 0.9 at cost 0.2 + 0.15 per draft: 4 drafts (the whole k).
+    assert_eq!(work.k, 4);
+    assert_eq!(
+        work.start_pos, 0,
+        "the draft model has computed nothing yet"
+    );
+    assert_eq!(work.tokens.len(), 11, "prompt and the pending token");
+    assert_eq!(item.tokens, vec![3], "the runner appends the drafts");
+    assert_eq!(item.logit_rows, 5);
+    assert_eq!(item.block_table.len(), 4, "positions 10..15");
+    // The runner proposed 4 drafts; the first 2 were accepted, then 9 was sampled.
+    s.commit_step(SeqId(1));
+    let q = s.running_mut(SeqId(1)).expect("running");
+    for t in [7, 8, 9] {
+        push(q, t);
+    }
+    s.commit_drafts(SeqId(1), 4, 2);
+    let q = s.running_mut(SeqId(1)).expect("running");
+    assert_eq!((q.computed, q.total_len()), (13, 14));
+    assert_eq!(q.spec.as_ref().map(|st| st.draft_computed), Some(13));
+    let (batch, _) = s.schedule();
+    let work = batch.items[0].draft.as_ref().expect("draft work");
+    assert_eq!((work.start_pos, work.tokens.clone()), (13, vec![9]));
+    // All 4 accepted: the draft model never ran the last one.
+    s.commit_step(SeqId(1));
+    let q = s.running_mut(SeqId(1)).expect("running");
+    for t in [1, 2, 3, 4, 5] {
+        push(q, t);
+    }
+    s.commit_drafts(SeqId(1), 4, 4);
+    let q = s.running_mut(SeqId(1)).expect("running");
+    assert_eq!((q.computed, q.total_len()), (18, 19));
+    assert_eq!(q.spec.as_ref().map(|st| st.draft_computed), Some(17));
+    assert_eq!(s.stats().speculative.method, "draft");
 }
