@@ -31,8 +31,13 @@ pub struct Trace {
     pub finish_reason: String,
     /// `usage.cached_tokens` of the `done` frame.
     pub usage_cached_tokens: Option<u64>,
+    /// The whole `usage` object of the `done` frame (null for llama-server).
+    pub usage: Value,
     /// The deltas' text, concatenated.
     pub text: String,
+    /// The generated token ids as streamed (inferd's `delta.token_ids`, llama-server's
+    /// per-event `tokens`), concatenated.
+    pub token_ids: Vec<u32>,
     /// The engine's own timings of the request where it reports them (llama-server's
     /// `timings`), else null.
     pub engine_timings: Value,
@@ -172,7 +177,9 @@ impl Conn {
             cached_tokens: 0,
             finish_reason: String::new(),
             usage_cached_tokens: None,
+            usage: Value::Null,
             text: String::new(),
+            token_ids: Vec::new(),
             engine_timings: Value::Null,
         };
         loop {
@@ -187,9 +194,13 @@ impl Conn {
                     trace
                         .text
                         .push_str(frame["text"].as_str().unwrap_or_default());
-                    let n = frame["token_ids"].as_array().map_or(0, Vec::len);
-                    if n > 0 {
-                        trace.timing.arrivals.push((t, n));
+                    let ids = frame["token_ids"].as_array().map_or(&[][..], Vec::as_slice);
+                    trace.token_ids.extend(
+                        ids.iter()
+                            .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())),
+                    );
+                    if !ids.is_empty() {
+                        trace.timing.arrivals.push((t, ids.len()));
                     }
                 }
                 "done" => {
@@ -199,6 +210,7 @@ impl Conn {
                         .unwrap_or("unknown")
                         .to_owned();
                     trace.usage_cached_tokens = frame["usage"]["cached_tokens"].as_u64();
+                    trace.usage = frame["usage"].clone();
                     return Ok(trace);
                 }
                 other => bail!("unexpected frame type {other:?} for {id}: {frame}"),

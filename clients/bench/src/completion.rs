@@ -7,6 +7,8 @@
 //! inside a UTF-8 character or a possible stop string is held back and sent with a later
 //! one); each event carries `tokens_predicted`, the tokens sampled so far, so an arrival
 //! counts the tokens sampled since the previous event, like inferd's `delta.token_ids`.
+//! The events' `tokens` (the id of the token each event is for) are kept as
+//! [`Trace::token_ids`]; a token held back inside a UTF-8 character is missing from them.
 //! The final event (`stop: true`) has the prompt length, the stop reason and the
 //! server's own timings.
 
@@ -53,7 +55,9 @@ pub async fn generate(
         cached_tokens: 0,
         finish_reason: String::new(),
         usage_cached_tokens: None,
+        usage: Value::Null,
         text: String::new(),
+        token_ids: Vec::new(),
         engine_timings: Value::Null,
     };
     let mut sampled = 0u64;
@@ -66,6 +70,12 @@ pub async fn generate(
         trace
             .text
             .push_str(event["content"].as_str().unwrap_or_default());
+        if let Some(ids) = event["tokens"].as_array() {
+            trace.token_ids.extend(
+                ids.iter()
+                    .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())),
+            );
+        }
         if let Some(n) = event["tokens_predicted"].as_u64() {
             if n > sampled {
                 trace.timing.arrivals.push((at, (n - sampled) as usize));
@@ -133,5 +143,6 @@ mod tests {
         assert_eq!(t.prompt_tokens, 7);
         assert_eq!(t.finish_reason, "length");
         assert_eq!(t.text, " abc");
+        assert_eq!(t.token_ids, [1, 3]);
     }
 }

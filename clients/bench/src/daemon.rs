@@ -185,23 +185,7 @@ impl Daemon {
     /// CPU time (user + system) the daemon has used so far, in clock ticks
     /// (`/proc/PID/stat` fields 14 and 15; 100 per second on Linux).
     pub fn cpu_ticks(&self) -> Result<u64> {
-        let path = format!("/proc/{}/stat", self.pid());
-        let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-        // The command name (field 2) is in parentheses and may hold spaces.
-        let rest = stat
-            .rsplit_once(')')
-            .ok_or_else(|| anyhow!("bad {path}: {stat}"))?
-            .1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |i: usize| -> Result<u64> {
-            fields
-                .get(i)
-                .ok_or_else(|| anyhow!("short {path}"))?
-                .parse()
-                .with_context(|| format!("bad {path}"))
-        };
-        // `rest` starts at field 3 (state): utime is field 14, stime field 15.
-        Ok(field(11)? + field(12)?)
+        proc_cpu_ticks(self.pid())
     }
 
     /// Kills the daemon and waits for it.
@@ -215,6 +199,28 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// CPU time (user + system) process `pid` has used so far, in clock ticks
+/// (`/proc/PID/stat` fields 14 and 15; 100 per second on Linux).
+pub fn proc_cpu_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let rest = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow!("bad {path}: {stat}"))?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .ok_or_else(|| anyhow!("short {path}"))?
+            .parse()
+            .with_context(|| format!("bad {path}"))
+    };
+    // `rest` starts at field 3 (state): utime is field 14, stime field 15.
+    Ok(field(11)? + field(12)?)
 }
 
 /// Reads a `kB` field such as `VmHWM:` from `/proc/PID/status`.

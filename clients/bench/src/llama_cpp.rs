@@ -27,17 +27,25 @@ impl LlamaCpp {
     /// llama-bench` prints (that script builds llama.cpp first when it is missing, about
     /// 15 minutes on 2 cores).
     pub fn locate(root: &Path, bin_dir: Option<PathBuf>) -> Result<Self> {
+        Self::locate_tools(root, bin_dir, &["llama-server", "llama-bench"])
+    }
+
+    /// As [`Self::locate`], for the named tools only (`scripts/llamacpp.sh bin TOOL...`
+    /// builds just those when they are missing); `llama-server` must be among them.
+    pub fn locate_tools(root: &Path, bin_dir: Option<PathBuf>, tools: &[&str]) -> Result<Self> {
         let (bin_dir, found_by) = match bin_dir {
             Some(d) => (d, "--llama-bin".to_owned()),
             None => {
                 let script = root.join("scripts/llamacpp.sh");
                 eprintln!(
-                    "inferd-bench: llama.cpp: {} bin llama-server llama-bench",
-                    script.display()
+                    "inferd-bench: llama.cpp: {} bin {}",
+                    script.display(),
+                    tools.join(" ")
                 );
                 let out = Command::new("bash")
                     .arg(&script)
-                    .args(["bin", "llama-server", "llama-bench"])
+                    .arg("bin")
+                    .args(tools)
                     .current_dir(root)
                     .output()
                     .with_context(|| format!("cannot run {}", script.display()))?;
@@ -54,7 +62,7 @@ impl LlamaCpp {
                 (PathBuf::from(dir), "scripts/llamacpp.sh bin".to_owned())
             }
         };
-        for tool in ["llama-server", "llama-bench"] {
+        for tool in tools {
             if !bin_dir.join(tool).is_file() {
                 bail!("{} has no {tool} (pass --llama-bin DIR)", bin_dir.display());
             }

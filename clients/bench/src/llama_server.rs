@@ -25,6 +25,8 @@ pub struct ServerSpec {
     pub ctx: u64,
     pub log: PathBuf,
     pub startup_timeout: Duration,
+    /// More arguments, after the others (e.g. speculative decoding's `--spec-type`).
+    pub extra: Vec<String>,
 }
 
 impl ServerSpec {
@@ -59,6 +61,7 @@ impl ServerSpec {
             args.push(flag.into());
             args.push(value);
         }
+        args.extend(self.extra.iter().cloned());
         args
     }
 }
@@ -137,6 +140,11 @@ impl LlamaServer {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The file its stdout and stderr go to.
+    pub fn log_path(&self) -> &std::path::Path {
+        &self.log
     }
 
     /// Peak resident set size (VmHWM) in bytes.
@@ -272,9 +280,18 @@ mod tests {
             ctx: 11648,
             log: "x.log".into(),
             startup_timeout: Duration::from_secs(1),
+            extra: Vec::new(),
         };
         let a = spec.args(8080).join(" ");
         assert!(a.contains("-t 2 -tb 2 -np 16 -c 11648 -kvu -cb"));
         assert!(a.ends_with("--host 127.0.0.1 --port 8080"));
+        let spec = ServerSpec {
+            extra: vec!["--spec-type".into(), "ngram-simple".into()],
+            ..spec
+        };
+        assert!(spec
+            .args(8080)
+            .join(" ")
+            .ends_with("--port 8080 --spec-type ngram-simple"));
     }
 }

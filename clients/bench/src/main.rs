@@ -19,6 +19,10 @@
 //! cache through llama-cpp-python) and writes `target/bench/prefix_bench.json`; see
 //! [`prefix`]. `--scenario http` compares the OpenAI-compatible SSE edge with the
 //! WebSocket (issue 6) and writes `target/bench/http_bench.json`; see [`http`].
+//! `--scenario speculative` measures speculative decoding (n-gram prompt lookup) on
+//! against off on extractive and open-ended chat prompts and 16 streams, with llama.cpp's
+//! n-gram speculation beside it, and writes `target/bench/speculative_bench.json`; see
+//! [`speculative`].
 
 mod bandwidth;
 mod client;
@@ -38,6 +42,12 @@ mod prompts;
 mod python_peer;
 mod report;
 mod serve;
+mod spec_figures;
+mod spec_inferd;
+mod spec_peer;
+mod spec_prompts;
+mod spec_report;
+mod speculative;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,14 +68,18 @@ enum Scenario {
     Prefix,
     /// The OpenAI-compatible HTTP edge (SSE) against the WebSocket (issue 6).
     Http,
+    /// Speculative decoding on against off (extractive, open-ended, 16 streams), with
+    /// llama.cpp's n-gram speculation beside it.
+    Speculative,
 }
 
 /// Serving benchmark: inferd over its WebSocket against llama.cpp.
 #[derive(Debug, Parser)]
 #[command(name = "inferd-bench", version, about)]
 struct Cli {
-    /// Benchmark to run: `serve` (issue 3), `prefix` (prefix KV cache, issue 5) or `http`
-    /// (the OpenAI-compatible SSE edge against the WebSocket, issue 6).
+    /// Benchmark to run: `serve` (issue 3), `prefix` (prefix KV cache, issue 5), `http`
+    /// (the OpenAI-compatible SSE edge against the WebSocket, issue 6) or `speculative`
+    /// (speculative decoding on against off).
     #[arg(long, value_enum, default_value_t = Scenario::Serve)]
     scenario: Scenario,
     /// Repository root (default: the nearest folder above the current one holding
@@ -134,7 +148,9 @@ struct Cli {
     no_peer: bool,
     /// KV budget in bytes to give llama-server (its -c is this over the file's f16 KV
     /// bytes per token; default: inferd's pool, kv_blocks_total x kv_block_size tokens
-    /// from its `stats` reply).
+    /// from its `stats` reply). Speculative scenario: inferd's pool
+    /// (INFERD__SCHEDULER__KV_CACHE_BYTES; default: room for every stream's prompt and
+    /// answer), which llama-server's -c then follows.
     #[arg(long)]
     kv_bytes: Option<u64>,
     /// Seconds to wait for the daemon's ready line.
@@ -147,7 +163,7 @@ struct Cli {
     #[arg(long, default_value_t = 3600)]
     peer_timeout: u64,
     /// JSON output file (default: ROOT/target/bench/serve_bench.json, or
-    /// prefix_bench.json for `--scenario prefix`).
+    /// prefix_bench.json, http_bench.json, speculative_bench.json for those scenarios).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Prefix scenario: tokens of the shared system prompt (its text alone; the chat
@@ -187,6 +203,29 @@ struct Cli {
     /// Prefix scenario: keep the store folders instead of deleting them at the end.
     #[arg(long)]
     keep_store: bool,
+    /// Speculative scenario: tokens generated per request (answers are long, so drafts
+    /// have room to pay off).
+    #[arg(long, default_value_t = 384)]
+    spec_max_tokens: u64,
+    /// Speculative scenario: repetitions of each single-stream prompt per arm (speculation
+    /// on and off, alternating; the fastest counts).
+    #[arg(long, default_value_t = 3)]
+    spec_reps: usize,
+    /// Speculative scenario: concurrent streams of mixed extractive prompts (0: none).
+    #[arg(long, default_value_t = 16)]
+    spec_streams: usize,
+    /// Speculative scenario: rounds of the concurrent streams per arm (alternating; the
+    /// fastest counts).
+    #[arg(long, default_value_t = 3)]
+    spec_rounds: usize,
+    /// Speculative scenario: llama.cpp's n-gram length (`--spec-ngram-simple-size-n`).
+    #[arg(long, default_value_t = 3)]
+    spec_peer_ngram_n: usize,
+    /// Speculative scenario: llama.cpp's most drafts per verification
+    /// (`--spec-ngram-simple-size-m`; default: inferd's `speculative.k` from its stats,
+    /// else 5).
+    #[arg(long)]
+    spec_peer_draft_max: Option<usize>,
 }
 
 fn main() -> Result<()> {
@@ -226,6 +265,7 @@ fn main() -> Result<()> {
         Scenario::Serve => "target/bench/serve_bench.json",
         Scenario::Prefix => "target/bench/prefix_bench.json",
         Scenario::Http => "target/bench/http_bench.json",
+        Scenario::Speculative => "target/bench/speculative_bench.json",
     };
     let out = absolute(&root, cli.out.clone().unwrap_or(default_out.into()));
     let out_dir = out
@@ -267,7 +307,7 @@ fn main() -> Result<()> {
         return serve::run(&cli, setup);
     }
     let [model] = <[PathBuf; 1]>::try_from(models)
-        .map_err(|_| anyhow!("--scenario prefix and http take one --model"))?;
+        .map_err(|_| anyhow!("--scenario prefix, http and speculative take one --model"))?;
     let setup = prefix::Setup {
         root,
         threads,
@@ -280,6 +320,7 @@ fn main() -> Result<()> {
     };
     match cli.scenario {
         Scenario::Http => http::run(&cli, setup),
+        Scenario::Speculative => speculative::run(&cli, setup),
         _ => prefix::run(&cli, setup),
     }
 }

@@ -92,7 +92,7 @@ fn system_text(sentences: usize) -> String {
 /// The prompt text inferd's chat template renders for [system, user] with the
 /// generation prompt, for SmolLM2's ChatML template (checked against the daemon's
 /// `started.prompt_tokens` for every request).
-fn chatml(system: &str, question: &str) -> String {
+pub fn chatml(system: &str, question: &str) -> String {
     format!(
         "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n\
          <|im_start|>assistant\n"

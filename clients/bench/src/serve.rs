@@ -627,6 +627,7 @@ fn run_peer(
                 .out_dir
                 .join(format!("{stem}.llama-server-np{np}.log")),
             startup_timeout: Duration::from_secs(cli.startup_timeout),
+            extra: Vec::new(),
         };
         let mut server = LlamaServer::start(&spec)?;
         eprintln!(
