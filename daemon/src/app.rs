@@ -9,9 +9,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::{CliOverrides, ConfigError, Settings};
+use crate::config::{CliOverrides, ConfigError, Settings, SpecMethod};
 use crate::model::{KvBlockPool, LoadOptions, MatrixPolicy, ModelFormat};
-use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor};
+use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor, SpecCosts};
 use crate::prefix_store::{
     DiskCounters, DiskStore, FingerprintParts, Flush, ModelFingerprint, PersistSink,
     PrefixReadActor, PrefixStoreActor,
@@ -24,6 +24,10 @@ use crate::server::{serve, Engine, SharedPlugins, State};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
 mod draft;
+
+/// An extra verification row's cost when it cannot be measured (a pool too small for
+/// the probe): what the default model's rows cost on a 2-core CPU.
+const DEFAULT_ROW_COST: f64 = 0.6;
 
 /// Sets the CPU thread count of the model math: our kernels' thread team
 /// ([`crate::model::team`]) and rayon's global pool (candle's CPU ops), which reads
@@ -119,8 +123,8 @@ struct Loaded {
     num_blocks: usize,
     block_size: usize,
     model_id: String,
-    /// The draft model's cost per token against the target's (draft method), else 0.
-    draft_cost: f64,
+    /// What speculative verification costs here (measured at start-up).
+    spec_costs: SpecCosts,
 }
 
 /// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
@@ -225,14 +229,38 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
     crate::service::status("opening the prefix store");
     let prefix = open_prefix_store(settings, &cfg, &pool, loaded.model.device())?;
     let mut model_runner = ModelRunner::new(loaded.model, pool);
-    let mut draft_cost = 0.0;
+    let mut spec_costs = SpecCosts {
+        row_cost: DEFAULT_ROW_COST,
+        draft_cost: None,
+    };
     if let (Some(d), Some(dkv)) = (draft, draft_kv) {
         let pool =
             KvBlockPool::new(&dkv, block_size, num_blocks, d.model.device()).map_err(|e| {
                 anyhow::anyhow!("draft KV cache: {}", crate::model::candle_error_message(&e))
             })?;
-        draft_cost = d.cost;
+        spec_costs.draft_cost = Some(d.cost);
         model_runner = model_runner.with_draft(d.model, pool);
+    }
+    if settings.speculative.method != SpecMethod::Off {
+        crate::service::status("measuring speculative decoding costs");
+        match model_runner.measure_spec_costs() {
+            Ok(Some(c)) => {
+                spec_costs = SpecCosts {
+                    draft_cost: c.draft_cost.or(spec_costs.draft_cost),
+                    ..c
+                }
+            }
+            Ok(None) => {}
+            Err(e) => anyhow::bail!(
+                "measuring speculative decoding costs: {}",
+                crate::model::candle_error_message(&e)
+            ),
+        }
+        tracing::info!(
+            row_cost = format_args!("{:.3}", spec_costs.row_cost),
+            draft_cost = format_args!("{:.3}", spec_costs.draft_cost.unwrap_or(0.0)),
+            "speculative decoding: costs of a verification row and a draft step, against a decode step"
+        );
     }
     let mut disk_store = None;
     let mut prefix_caching = None;
@@ -265,7 +293,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         num_blocks,
         block_size,
         model_id,
-        draft_cost,
+        spec_costs,
     })
 }
 
@@ -367,7 +395,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         num_blocks,
         block_size,
         model_id,
-        draft_cost,
+        spec_costs,
     } = loaded;
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
@@ -402,7 +430,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         max_batch_tokens: settings.scheduler.max_batch_tokens,
         attention_cost_tokens: settings.scheduler.attention_cost_tokens,
     };
-    let speculation = Speculation::from_config(&settings.speculative, draft_cost);
+    let speculation = Speculation::from_config(&settings.speculative, spec_costs);
     let engine_arbiter = Arbiter::new();
     let tok_for_sched = tokenizer.clone();
     let store_for_sched = match (store_reader, &store_addr) {

@@ -102,11 +102,11 @@ async fn seeded_sampled_tokens_are_the_same_with_and_without_speculation() {
     }
 }
 
-/// Four extractive streams at once (within `speculative.max_running`) give the tokens
-/// each gives alone without speculation.
+/// Four extractive streams at once (within `speculative.max_running`, raised to 4) give
+/// the tokens each gives alone without speculation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_speculative_streams_equal_their_solo_runs() {
-    let d = Daemon::start().expect("daemon");
+    let d = Daemon::start_with_env(&[("INFERD__SPECULATIVE__MAX_RUNNING", "4")]).expect("daemon");
     let prompts: Vec<String> = (0..4)
         .map(|i| format!("{LIST}\nstrawberries {i}"))
         .collect();

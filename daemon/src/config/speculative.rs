@@ -61,7 +61,7 @@ impl Default for SpeculativeConfig {
             k: 8,
             ngram_min: 2,
             ngram_max: 4,
-            max_running: 4,
+            max_running: 2,
         }
     }
 }

@@ -2,7 +2,10 @@
 //! the scheduler's batches, one forward pass per step. Its actor runs on its own `SyncArbiter` thread.
 
 mod actor;
+mod calibrate;
 mod runner;
+
+pub use calibrate::SpecCosts;
 
 pub use actor::ModelRunnerActor;
 pub use runner::{

@@ -166,6 +166,14 @@ impl ModelRunner {
         &self.pool
     }
 
+    /// The model, its pool and the draft model with its pool, borrowed apart.
+    pub(super) fn parts(
+        &mut self,
+    ) -> (&Model, &mut KvBlockPool, Option<(&Model, &mut KvBlockPool)>) {
+        let draft = self.draft.as_mut().map(|(m, p)| (&*m, p));
+        (&self.model, &mut self.pool, draft)
+    }
+
     /// The model.
     pub fn model(&self) -> &Model {
         &self.model

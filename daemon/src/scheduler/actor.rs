@@ -255,6 +255,12 @@ impl SchedulerActor {
         }
         self.step_in_flight = true;
         self.step_since = Some(Instant::now());
+        // One decoding sequence alone (lookup drafts or none): its time measures what an
+        // extra verification row costs.
+        let solo_rows = match batch.items.as_slice() {
+            [i] if i.draft.is_none() && i.start_pos >= i.prompt_len => Some(i.tokens.len()),
+            _ => None,
+        };
         let sampling: Vec<SeqId> = batch
             .items
             .iter()
@@ -265,8 +271,11 @@ impl SchedulerActor {
             .runner
             .send(batch)
             .into_actor(self)
-            .map(|res, act, ctx| {
+            .map(move |res, act, ctx| {
                 act.step_in_flight = false;
+                if let (Some(rows), Some(t)) = (solo_rows, act.step_since.take()) {
+                    act.scheduler.observe_step(rows, t.elapsed().as_secs_f64());
+                }
                 act.step_since = None;
                 match res {
                     Ok(out) => act.on_step(out),

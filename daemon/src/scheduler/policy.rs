@@ -26,7 +26,7 @@ use crate::request::SeqId;
 
 use super::block_manager::BlockManager;
 use super::sequence::{Sequence, TokenizedRequest};
-use super::speculative::{SpecState, SpecStats, Speculation};
+use super::speculative::{RowCost, SpecState, SpecStats, Speculation};
 
 mod fork;
 
@@ -169,6 +169,7 @@ pub struct Scheduler {
     /// Speculative decoding, when on.
     spec: Option<Speculation>,
     spec_stats: SpecStats,
+    row_cost: RowCost,
 }
 
 impl Scheduler {
@@ -188,6 +189,7 @@ impl Scheduler {
             copies: Vec::new(),
             prompt_tokens_computed: 0,
             spec: None,
+            row_cost: RowCost::new(0.0),
             spec_stats: SpecStats {
                 method: "off",
                 ..SpecStats::default()
@@ -203,6 +205,9 @@ impl Scheduler {
             "ngram"
         };
         self.spec_stats.k = spec.k;
+        self.spec_stats.row_cost = spec.row_cost;
+        self.row_cost = RowCost::new(spec.row_cost);
+        self.spec_stats.draft_cost = spec.draft_cost.unwrap_or(0.0);
         self.spec = Some(spec);
         self
     }
@@ -571,6 +576,17 @@ impl Scheduler {
             }
             budget -= m;
         }
+    }
+
+    /// A step that ran one decoding sequence alone, with `rows` rows (no draft model),
+    /// took `secs`: the row cost estimate follows (see [`RowCost`]).
+    pub fn observe_step(&mut self, rows: usize, secs: f64) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        self.row_cost.observe(rows, secs);
+        spec.row_cost = self.row_cost.cost;
+        self.spec_stats.row_cost = self.row_cost.cost;
     }
 
     /// After `id`'s step verified `drafted` drafts and accepted the first `accepted`:

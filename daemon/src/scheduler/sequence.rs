@@ -269,7 +269,7 @@ impl Sequence {
         };
         let k = spec.k.min(room).min(limit);
         if let Some(cost) = spec.draft_cost {
-            self.model_drafts = state.model_draft_len(k, cost);
+            self.model_drafts = state.model_draft_len(k, spec.row_cost + cost);
             return self.model_drafts;
         }
         if k == 0 {
@@ -285,7 +285,7 @@ impl Sequence {
         };
         let len = prompt.len() + generated.len();
         let mut drafts = ngram_propose(len, token, spec.ngram_min, spec.ngram_max, k);
-        let m = state.draft_len(drafts.len());
+        let m = state.draft_len(drafts.len(), spec.row_cost);
         if m == 0 {
             if let Some(&d) = drafts.first() {
                 state.shadow(d);

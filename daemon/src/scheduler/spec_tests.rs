@@ -17,6 +17,7 @@ use crate::sampling::{Sampled, SamplerChain};
 const SPEC: Speculation = Speculation {
     k: 4,
     draft_cost: None,
+    row_cost: 0.15,
     ngram_min: 1,
     ngram_max: 3,
     max_running: 2,

@@ -12,6 +12,7 @@
 //! released ([`crate::scheduler::BlockManager::truncate`]).
 
 use crate::config::{SpecMethod, SpeculativeConfig};
+use crate::model_runner::SpecCosts;
 
 /// The scheduler's speculation settings (from `[speculative]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,6 +23,9 @@ pub struct Speculation {
     /// costing `cost` of a target decode step (besides its verification row); `None`:
     /// n-gram prompt lookup.
     pub draft_cost: Option<f64>,
+    /// Cost of one extra row of a decode step, as a fraction of a one-row step
+    /// (measured at start-up, [`crate::model_runner::SpecCosts`]).
+    pub row_cost: f64,
     /// Shortest suffix the lookup matches, tokens.
     pub ngram_min: usize,
     /// Longest suffix the lookup matches, tokens (tried first).
@@ -31,12 +35,13 @@ pub struct Speculation {
 }
 
 impl Speculation {
-    /// The settings of `[speculative]`, or `None` when it is off; `draft_cost` for the
-    /// draft method (see [`Self::draft_cost`]).
-    pub fn from_config(c: &SpeculativeConfig, draft_cost: f64) -> Option<Self> {
+    /// The settings of `[speculative]` with the measured `costs`, or `None` when it is
+    /// off.
+    pub fn from_config(c: &SpeculativeConfig, costs: SpecCosts) -> Option<Self> {
         (c.method != SpecMethod::Off && c.max_running > 0).then_some(Self {
             k: c.k,
-            draft_cost: (c.method == SpecMethod::Draft).then_some(draft_cost),
+            draft_cost: costs.draft_cost.filter(|_| c.method == SpecMethod::Draft),
+            row_cost: costs.row_cost,
             ngram_min: c.ngram_min,
             ngram_max: c.ngram_max,
             max_running: c.max_running,
@@ -85,9 +90,6 @@ const PRIOR_ACCEPTANCE_DRAFT_MODEL: f64 = 0.9;
 /// Weight of each new observation in the acceptance estimate (an exponential moving
 /// average over about the last 10 drafts).
 const ACCEPTANCE_EMA: f64 = 0.1;
-/// Cost of one extra row in a decode step, as a fraction of a one-row step: measured on
-/// the default model on 2 threads (docs/performance.md, Speculative decoding).
-pub const ROW_COST: f64 = 0.15;
 
 /// Steps a draft-model sequence goes without drafts before it drafts one token again to
 /// re-measure its acceptance (the draft model cannot be shadowed for free).
@@ -155,19 +157,20 @@ impl SpecState {
     }
 
     /// How many of `available` drafts to run: the `m` maximising the expected tokens per
-    /// unit of step cost, `(1 + α + … + α^m) / (1 + m · ROW_COST)` for acceptance
+    /// unit of step cost, `(1 + α + … + α^m) / (1 + m · row_cost)` for acceptance
     /// estimate `α` (each draft is accepted only when all before it were). 0 turns
     /// speculation off for this step; the first draft is then shadowed (compared with
     /// the sampled token) so the estimate can recover.
-    pub fn draft_len(&mut self, available: usize) -> usize {
-        self.draft_len_at(available, ROW_COST)
+    /// `row_cost` is an extra row's cost as a fraction of a one-row step.
+    pub fn draft_len(&mut self, available: usize, row_cost: f64) -> usize {
+        self.draft_len_at(available, row_cost)
     }
 
     /// [`Self::draft_len`] for the draft method, each draft costing `draft_cost` of a
-    /// decode step on top of its row; after [`PROBE_INTERVAL`] steps without drafts it
+    /// decode step on top of its row (`cost` = both); after [`PROBE_INTERVAL`] steps without drafts it
     /// drafts one token, so the estimate follows a change in acceptance.
-    pub fn model_draft_len(&mut self, available: usize, draft_cost: f64) -> usize {
-        let m = self.draft_len_at(available, ROW_COST + draft_cost);
+    pub fn model_draft_len(&mut self, available: usize, cost: f64) -> usize {
+        let m = self.draft_len_at(available, cost);
         if m > 0 || available == 0 {
             self.idle = 0;
             return m;
@@ -242,6 +245,48 @@ impl SpecState {
     }
 }
 
+/// Weight of each step in [`RowCost`]'s moving averages.
+const ROW_COST_EMA: f64 = 0.05;
+
+/// The cost of an extra verification row, followed online from the engine's own steps
+/// that ran one decoding sequence alone: the moving average of one-row step times `t₁`,
+/// and of `(t_r / t₁ − 1) / (r − 1)` over steps of `r > 1` rows. It starts from the
+/// start-up measurement and so follows what the probe cannot see (a deep context's
+/// attention per row, other load on the machine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowCost {
+    /// Moving average of one-row step times, seconds (`None` before the first).
+    one_row: Option<f64>,
+    /// The current estimate, a fraction of a one-row step.
+    pub cost: f64,
+}
+
+impl RowCost {
+    /// Starts at `cost`.
+    pub fn new(cost: f64) -> Self {
+        Self {
+            one_row: None,
+            cost,
+        }
+    }
+
+    /// A step of `rows` rows of one decoding sequence took `secs`.
+    pub fn observe(&mut self, rows: usize, secs: f64) {
+        if rows == 0 || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        if rows == 1 {
+            let t = self.one_row.get_or_insert(secs);
+            *t += ROW_COST_EMA * (secs - *t);
+            return;
+        }
+        if let Some(t1) = self.one_row {
+            let c = ((secs / t1 - 1.0) / (rows - 1) as f64).clamp(0.0, 4.0);
+            self.cost += ROW_COST_EMA * (c - self.cost);
+        }
+    }
+}
+
 /// Engine-wide speculation counters (`stats.speculative`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct SpecStats {
@@ -249,6 +294,10 @@ pub struct SpecStats {
     pub method: &'static str,
     /// `speculative.k`.
     pub k: usize,
+    /// Measured cost of a verification row, as a fraction of a one-row decode step.
+    pub row_cost: f64,
+    /// Measured cost of a draft model step, as that fraction (0 without one).
+    pub draft_cost: f64,
     /// Draft tokens verified since start.
     pub draft_tokens: u64,
     /// Of those, drafts accepted.
@@ -343,17 +392,17 @@ mod tests {
         let mut s = SpecState::default();
         // α = 0.5: (1 + .5) / 1.15 = 1.30 beats m = 0 (1.0); m = 2: 1.75 / 1.3 = 1.35;
         // m = 3: 1.875 / 1.45 = 1.29.
-        assert_eq!(s.draft_len(8), 2);
-        assert_eq!(s.draft_len(1), 1);
-        assert_eq!(s.draft_len(0), 0);
+        assert_eq!(s.draft_len(8, 0.15), 2);
+        assert_eq!(s.draft_len(1, 0.15), 1);
+        assert_eq!(s.draft_len(0, 0.15), 0);
         for _ in 0..40 {
             s.observe_verification(8, 8);
         }
-        assert_eq!(s.draft_len(8), 8, "near-certain drafts: all of them");
+        assert_eq!(s.draft_len(8, 0.15), 8, "near-certain drafts: all of them");
         for _ in 0..40 {
             s.observe_verification(1, 0);
         }
-        assert_eq!(s.draft_len(8), 0, "rejected drafts: speculation off");
+        assert_eq!(s.draft_len(8, 0.15), 0, "rejected drafts: speculation off");
         assert_eq!(s.drafted, 360);
         assert_eq!(s.accepted, 320);
         assert_eq!(s.verifications, 80);
@@ -362,25 +411,40 @@ mod tests {
             s.shadow(5);
             s.observe_sampled(5);
         }
-        assert!(s.draft_len(8) >= 4);
+        assert!(s.draft_len(8, 0.15) >= 4);
         assert_eq!(s.drafted, 360, "shadows are not counted as drafts");
     }
 
     #[test]
     fn draft_model_length_counts_the_draft_cost_and_probes() {
         let mut s = SpecState::default();
-        // α = 0.5 and a draft costing 0.5 of a step: no draft pays.
-        assert_eq!(s.model_draft_len(8, 0.5), 0);
+        // α = 0.5 and a draft costing 0.65 of a step (its row and its draft step): none pays.
+        assert_eq!(s.model_draft_len(8, 0.65), 0);
         for _ in 0..PROBE_INTERVAL - 2 {
-            assert_eq!(s.model_draft_len(8, 0.5), 0);
+            assert_eq!(s.model_draft_len(8, 0.65), 0);
         }
-        assert_eq!(s.model_draft_len(8, 0.5), 1, "the probe");
-        assert_eq!(s.model_draft_len(8, 0.5), 0);
+        assert_eq!(s.model_draft_len(8, 0.65), 1, "the probe");
+        assert_eq!(s.model_draft_len(8, 0.65), 0);
         for _ in 0..40 {
             s.observe_verification(8, 8);
         }
         // Near-certain drafts at 0.3 each: (1 + m) / (1 + 0.45 m) grows with m.
-        assert_eq!(s.model_draft_len(8, 0.3), 8);
+        assert_eq!(s.model_draft_len(8, 0.45), 8);
+    }
+
+    #[test]
+    fn the_row_cost_follows_the_steps() {
+        let mut r = RowCost::new(0.2);
+        r.observe(3, 0.008);
+        assert_eq!(r.cost, 0.2, "no one-row time yet");
+        for _ in 0..200 {
+            r.observe(1, 0.004);
+            // 5 rows take 2.6 one-row steps: 0.4 per extra row.
+            r.observe(5, 0.0104);
+        }
+        assert!((r.cost - 0.4).abs() < 1e-3, "{}", r.cost);
+        r.observe(2, f64::NAN);
+        assert!((r.cost - 0.4).abs() < 1e-3);
     }
 
     #[test]
