@@ -102,6 +102,7 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
                 logit_rows: 1,
                 prompt_len: 32,
                 persist: Vec::new(),
+                draft: None,
             })
             .collect();
         let out = runner.run(RunBatch {

@@ -256,6 +256,13 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
                 crate::model::candle_error_message(&e)
             ),
         }
+        let sp = &settings.speculative;
+        if sp.row_cost > 0.0 {
+            spec_costs.row_cost = sp.row_cost;
+        }
+        if sp.draft_cost > 0.0 && spec_costs.draft_cost.is_some() {
+            spec_costs.draft_cost = Some(sp.draft_cost);
+        }
         tracing::info!(
             row_cost = format_args!("{:.3}", spec_costs.row_cost),
             draft_cost = format_args!("{:.3}", spec_costs.draft_cost.unwrap_or(0.0)),

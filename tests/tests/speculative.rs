@@ -15,6 +15,14 @@ const LIST: &str = "Repeat this list exactly, one item per line:\n\
     apples\nbananas\ncherries\ndates\nelderberries\nfigs\ngrapes\nhoneydew melons\n\
     kiwis\nlemons\nmangoes\nnectarines\noranges\npapayas\nquinces\nraspberries";
 
+/// The default model's daemon with the verification row cost pinned (instead of
+/// measured), so that the drafts these tests need run however loaded the machine is.
+fn daemon(env: &[(&str, &str)]) -> Daemon {
+    let mut env = env.to_vec();
+    env.push(("INFERD__SPECULATIVE__ROW_COST", "0.2"));
+    Daemon::start_with_env(&env).expect("daemon")
+}
+
 fn chat(id: &str, content: &str, max_tokens: u64, extra: Value) -> Value {
     let mut v = json!({"type": "generate", "id": id, "max_tokens": max_tokens,
                        "temperature": 0, "messages": [{"role": "user", "content": content}]});
@@ -45,7 +53,7 @@ fn usage(g: &Generation, field: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_tokens_are_the_same_with_and_without_speculation() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     for (i, prompt) in [
         LIST,
@@ -87,7 +95,7 @@ async fn greedy_tokens_are_the_same_with_and_without_speculation() {
 /// Seeded sampling draws one uniform per token in the same order either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_sampled_tokens_are_the_same_with_and_without_speculation() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     for seed in [1u64, 7, 42] {
         let req = chat(
@@ -106,7 +114,7 @@ async fn seeded_sampled_tokens_are_the_same_with_and_without_speculation() {
 /// the tokens each gives alone without speculation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_speculative_streams_equal_their_solo_runs() {
-    let d = Daemon::start_with_env(&[("INFERD__SPECULATIVE__MAX_RUNNING", "4")]).expect("daemon");
+    let d = daemon(&[("INFERD__SPECULATIVE__MAX_RUNNING", "4")]);
     let prompts: Vec<String> = (0..4)
         .map(|i| format!("{LIST}\nstrawberries {i}"))
         .collect();
@@ -143,7 +151,7 @@ async fn batched_speculative_streams_equal_their_solo_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_sequence_inside_an_accepted_run_ends_where_it_would_without() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     // The default model copies the list's start, then repeats "grapes, " (greedy); the
     // stop string lies deep in that repetition, where the lookup's drafts are accepted.
@@ -159,7 +167,7 @@ async fn a_stop_sequence_inside_an_accepted_run_ends_where_it_would_without() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_tokens_reached_mid_run_gives_exactly_max_tokens() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     for max in [13u64, 30, 31] {
         let (on, off) = on_and_off(&mut c, chat("x", LIST, max, json!({}))).await;
@@ -173,7 +181,7 @@ async fn max_tokens_reached_mid_run_gives_exactly_max_tokens() {
 /// block returns (cached prefix blocks count as free).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_mid_verification_returns_every_block() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     let long = format!("{LIST}\n{LIST}\n{LIST}");
     c.send(&chat("r", &long, 400, json!({})))
@@ -214,7 +222,7 @@ async fn cancel_mid_verification_returns_every_block() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_schema_still_validates_with_speculation() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     let schema = json!({"type": "object", "properties": {
         "fruits": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 6}},
@@ -238,7 +246,7 @@ async fn a_json_schema_still_validates_with_speculation() {
 /// and the Prometheus counters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_usage_and_metrics_count_the_drafts() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let body = |spec: bool| {
         json!({"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 64, "temperature": 0,
                "speculative": spec, "messages": [{"role": "user", "content": LIST}]})
@@ -280,7 +288,7 @@ async fn openai_usage_and_metrics_count_the_drafts() {
 /// `speculative` must be a boolean on both edges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speculative_must_be_a_boolean() {
-    let d = Daemon::start().expect("daemon");
+    let d = daemon(&[]);
     let mut c = d.connect().await.expect("ws");
     let g = c
         .generate(chat("x", "Hi", 4, json!({"speculative": "yes"})))

@@ -57,6 +57,10 @@ async fn a_q4_1_draft_for_the_f16_model_keeps_the_targets_tokens() {
         &[
             ("INFERD__SPECULATIVE__METHOD", "draft"),
             ("INFERD__SPECULATIVE__DRAFT_MODEL", draft.as_ref()),
+            // Pinned, not measured: on a 2-core CPU a Q4_1 step plus a verification row
+            // cost about a whole F16 step, and the controller would not draft at all.
+            ("INFERD__SPECULATIVE__ROW_COST", "0.1"),
+            ("INFERD__SPECULATIVE__DRAFT_COST", "0.2"),
         ],
     )
     .expect("daemon");

@@ -51,6 +51,12 @@ pub struct SpeculativeConfig {
     /// `[0, 65536]`; 0 turns speculation off.
     #[serde(deserialize_with = "whole_number")]
     pub max_running: usize,
+    /// Cost of an extra verification row as a fraction of a one-row decode step, in
+    /// `[0, 4]`; 0 (default) measures it at start-up and follows it online.
+    pub row_cost: f64,
+    /// Cost of a draft-model decode step as that fraction, in `[0, 4]`; 0 (default)
+    /// measures it at start-up.
+    pub draft_cost: f64,
 }
 
 impl Default for SpeculativeConfig {
@@ -62,6 +68,8 @@ impl Default for SpeculativeConfig {
             ngram_min: 2,
             ngram_max: 4,
             max_running: 2,
+            row_cost: 0.0,
+            draft_cost: 0.0,
         }
     }
 }
@@ -97,6 +105,11 @@ impl SpeculativeConfig {
                  speculative.method = \"draft\" (got nothing)"
                     .into(),
             );
+        }
+        for (key, v) in [("row_cost", self.row_cost), ("draft_cost", self.draft_cost)] {
+            if !(0.0..=4.0).contains(&v) {
+                return bad(format!("speculative.{key} must be in [0, 4] (got {v})"));
+            }
         }
         if self.max_running > 65536 {
             return bad(format!(
@@ -139,6 +152,13 @@ mod tests {
                 ..d()
             }),
             "speculative.ngram_max must be in [1, 64] (got 65)"
+        );
+        assert_eq!(
+            msg(SpeculativeConfig {
+                row_cost: 5.0,
+                ..d()
+            }),
+            "speculative.row_cost must be in [0, 4] (got 5)"
         );
         assert_eq!(
             msg(SpeculativeConfig {

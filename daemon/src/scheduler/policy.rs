@@ -581,7 +581,7 @@ impl Scheduler {
     /// A step that ran one decoding sequence alone, with `rows` rows (no draft model),
     /// took `secs`: the row cost estimate follows (see [`RowCost`]).
     pub fn observe_step(&mut self, rows: usize, secs: f64) {
-        let Some(spec) = self.spec.as_mut() else {
+        let Some(spec) = self.spec.as_mut().filter(|s| s.follow_row_cost) else {
             return;
         };
         self.row_cost.observe(rows, secs);

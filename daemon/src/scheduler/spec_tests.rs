@@ -18,6 +18,7 @@ const SPEC: Speculation = Speculation {
     k: 4,
     draft_cost: None,
     row_cost: 0.15,
+    follow_row_cost: false,
     ngram_min: 1,
     ngram_max: 3,
     max_running: 2,

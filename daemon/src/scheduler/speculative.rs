@@ -26,6 +26,9 @@ pub struct Speculation {
     /// Cost of one extra row of a decode step, as a fraction of a one-row step
     /// (measured at start-up, [`crate::model_runner::SpecCosts`]).
     pub row_cost: f64,
+    /// Whether `row_cost` follows the engine's steps ([`RowCost`]); false when
+    /// `speculative.row_cost` sets it.
+    pub follow_row_cost: bool,
     /// Shortest suffix the lookup matches, tokens.
     pub ngram_min: usize,
     /// Longest suffix the lookup matches, tokens (tried first).
@@ -42,6 +45,7 @@ impl Speculation {
             k: c.k,
             draft_cost: costs.draft_cost.filter(|_| c.method == SpecMethod::Draft),
             row_cost: costs.row_cost,
+            follow_row_cost: c.row_cost == 0.0,
             ngram_min: c.ngram_min,
             ngram_max: c.ngram_max,
             max_running: c.max_running,
@@ -167,9 +171,15 @@ impl SpecState {
     }
 
     /// [`Self::draft_len`] for the draft method, each draft costing `draft_cost` of a
-    /// decode step on top of its row (`cost` = both); after [`PROBE_INTERVAL`] steps without drafts it
-    /// drafts one token, so the estimate follows a change in acceptance.
+    /// decode step on top of its row (`cost` = both); after [`PROBE_INTERVAL`] steps
+    /// without drafts it drafts one token, so the estimate follows a change in
+    /// acceptance (unless `cost ≥ 1`, where no draft can pay).
     pub fn model_draft_len(&mut self, available: usize, cost: f64) -> usize {
+        // At a cost of a whole step per draft, not even certain drafts pay: no probes
+        // (each would also make the draft model catch up on the tokens it skipped).
+        if cost >= 1.0 {
+            return 0;
+        }
         let m = self.draft_len_at(available, cost);
         if m > 0 || available == 0 {
             self.idle = 0;
@@ -428,8 +438,12 @@ mod tests {
         for _ in 0..40 {
             s.observe_verification(8, 8);
         }
-        // Near-certain drafts at 0.3 each: (1 + m) / (1 + 0.45 m) grows with m.
+        // Near-certain drafts at 0.45 each: (1 + m) / (1 + 0.45 m) grows with m.
         assert_eq!(s.model_draft_len(8, 0.45), 8);
+        // A draft costing a whole step never pays, not even probed.
+        for _ in 0..2 * PROBE_INTERVAL {
+            assert_eq!(s.model_draft_len(8, 1.1), 0);
+        }
     }
 
     #[test]
