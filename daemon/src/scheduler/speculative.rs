@@ -10,6 +10,14 @@
 //! et al.'s rule for these drafts). Rows after the first mismatch are discarded, the KV
 //! positions they wrote are past the sequence's end and its blocks beyond it are
 //! released ([`crate::scheduler::BlockManager::truncate`]).
+//!
+//! With a draft model, its K/V live in a second pool under the same block ids, and a
+//! sequence tracks how far they are computed ([`SpecState::draft_computed`]), starting
+//! from position 0 for every sequence: blocks shared through the prefix cache or a fork
+//! hold the target's K/V, but their draft K/V may come from nobody (a sequence that
+//! never drafted) or be stale, so they are never trusted. Writing the draft K/V of a
+//! shared block again is harmless: the same tokens at the same positions give the same
+//! bits.
 
 use crate::config::{SpecMethod, SpeculativeConfig};
 use crate::model_runner::SpecCosts;
