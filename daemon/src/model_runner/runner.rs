@@ -126,6 +126,24 @@ pub struct StepOutput {
     pub items: Vec<ItemOutput>,
 }
 
+/// Every item of a step fails with `internal`: `what` failed with `e`.
+fn failed(items: &[BatchItem], what: &str, e: &candle_core::Error) -> StepOutput {
+    let e = InferError::internal(format!(
+        "{what} failed: {}",
+        crate::model::candle_error_message(e)
+    ));
+    StepOutput {
+        items: items
+            .iter()
+            .map(|i| ItemOutput {
+                seq: i.seq,
+                logits: Err(e.clone()),
+                drafts: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
 /// Owns the model and the KV block pool. Holds no per-sequence state: block tables
 /// come with every batch, so freeing a sequence is the block manager's business.
 #[derive(Debug)]
@@ -199,44 +217,14 @@ impl ModelRunner {
                     .map_err(|e| ("loading a cached KV block", e))
             });
         if let Err((what, e)) = loaded {
-            let e = InferError::internal(format!(
-                "{what} failed: {}",
-                crate::model::candle_error_message(&e)
-            ));
-            return StepOutput {
-                items: batch
-                    .items
-                    .iter()
-                    .map(|i| ItemOutput {
-                        seq: i.seq,
-                        logits: Err(e.clone()),
-                        drafts: Vec::new(),
-                    })
-                    .collect(),
-            };
+            return failed(&batch.items, what, &e);
         }
         if batch.items.is_empty() {
             return StepOutput::default();
         }
         let drafts = match self.propose_drafts(&batch.items) {
             Ok(d) => d,
-            Err(e) => {
-                let e = InferError::internal(format!(
-                    "draft model forward pass failed: {}",
-                    crate::model::candle_error_message(&e)
-                ));
-                return StepOutput {
-                    items: batch
-                        .items
-                        .iter()
-                        .map(|i| ItemOutput {
-                            seq: i.seq,
-                            logits: Err(e.clone()),
-                            drafts: Vec::new(),
-                        })
-                        .collect(),
-                };
-            }
+            Err(e) => return failed(&batch.items, "the draft model's forward pass", &e),
         };
         for (item, d) in batch.items.iter_mut().zip(&drafts) {
             item.tokens.extend_from_slice(d);

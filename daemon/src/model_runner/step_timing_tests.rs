@@ -25,9 +25,8 @@ fn quantiles(v: &mut [f64], qs: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-#[ignore = "timing on a real file; prints only"]
-fn step_timing() {
+/// `INFERD_STEP_MODEL` (default: the default model) on the CPU, default kernels.
+fn load_step_model() -> (std::path::PathBuf, crate::model::Model) {
     let path = std::env::var_os("INFERD_STEP_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(default_model_path);
@@ -36,6 +35,13 @@ fn step_timing() {
         matrices: MatrixPolicy::default(),
     };
     let model = crate::model::load(&path, &opts).expect("load").model;
+    (path, model)
+}
+
+#[test]
+#[ignore = "timing on a real file; prints only"]
+fn step_timing() {
+    let (path, model) = load_step_model();
     let prompt: Vec<u32> = (0..512u32).map(|i| 200 + (i * 37) % 5000).collect();
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     for _ in 0..3 {
@@ -85,14 +91,7 @@ fn verification_step_timing() {
     use crate::model::KvBlockPool;
     use crate::request::SeqId;
 
-    let path = std::env::var_os("INFERD_STEP_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(default_model_path);
-    let opts = LoadOptions {
-        device: Device::Cpu,
-        matrices: MatrixPolicy::default(),
-    };
-    let model = crate::model::load(&path, &opts).expect("load").model;
+    let (_, model) = load_step_model();
     let (bs, per_seq) = (16usize, 8usize);
     let pool = KvBlockPool::new(&model.kv_layout(), bs, 16 * per_seq, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
