@@ -263,6 +263,17 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         if sp.draft_cost > 0.0 && spec_costs.draft_cost.is_some() {
             spec_costs.draft_cost = Some(sp.draft_cost);
         }
+        if let Some(d) = spec_costs.draft_cost {
+            if d + spec_costs.row_cost >= 1.0 {
+                tracing::warn!(
+                    draft_cost = format_args!("{d:.3}"),
+                    row_cost = format_args!("{:.3}", spec_costs.row_cost),
+                    "speculative decoding: a draft step plus its verification row cost a whole \
+                     decode step here, so the draft model will not draft (a smaller draft \
+                     model, or speculative.method = \"ngram\")"
+                );
+            }
+        }
         tracing::info!(
             row_cost = format_args!("{:.3}", spec_costs.row_cost),
             draft_cost = format_args!("{:.3}", spec_costs.draft_cost.unwrap_or(0.0)),
@@ -628,6 +639,7 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
                 ("[scheduler]", current.scheduler != new.scheduler),
                 ("[tokenizer]", current.tokenizer != new.tokenizer),
                 ("[prefix_store]", current.prefix_store != new.prefix_store),
+                ("[speculative]", current.speculative != new.speculative),
             ]
             .into_iter()
             .filter_map(|(name, changed)| changed.then_some(name))

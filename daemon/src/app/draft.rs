@@ -30,6 +30,13 @@ pub(super) fn load_draft(
 ) -> anyhow::Result<Option<Draft>> {
     let sp = &settings.speculative;
     if sp.method != SpecMethod::Draft {
+        if !sp.draft_model.as_os_str().is_empty() {
+            tracing::warn!(
+                draft_model = %sp.draft_model.display(),
+                method = ?sp.method,
+                "speculative.draft_model is set but speculative.method is not \"draft\": it is not loaded"
+            );
+        }
         return Ok(None);
     }
     let path = &sp.draft_model;
