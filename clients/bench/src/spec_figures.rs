@@ -327,6 +327,37 @@ pub struct Workload {
     pub prompts: Vec<PromptRow>,
 }
 
+/// The order of the two arms (speculation on, off) in repetition or round `i`:
+/// alternating, so the machine's drift hits both equally.
+pub fn arm_order(i: usize) -> [bool; 2] {
+    if i.is_multiple_of(2) {
+        [true, false]
+    } else {
+        [false, true]
+    }
+}
+
+impl Workload {
+    /// A workload from its two arms and the runs' mismatches.
+    fn new(
+        name: &str,
+        off: Arm,
+        on: Arm,
+        mismatches: Vec<Mismatch>,
+        prompts: Vec<PromptRow>,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            ratio: ratio(on.tok_per_s, off.tok_per_s),
+            off,
+            on,
+            identical: mismatches.is_empty(),
+            mismatches,
+            prompts,
+        }
+    }
+}
+
 /// The single-stream workload `name` over the runs of the prompts `names`.
 pub fn single_stream(name: &str, names: &[&str], runs: &[Run]) -> Workload {
     let mine: Vec<&Run> = runs
@@ -362,15 +393,7 @@ pub fn single_stream(name: &str, names: &[&str], runs: &[Run]) -> Workload {
             }
         })
         .collect();
-    Workload {
-        name: name.to_owned(),
-        ratio: ratio(on.tok_per_s, off.tok_per_s),
-        off,
-        on,
-        identical: mismatches.is_empty(),
-        mismatches,
-        prompts,
-    }
+    Workload::new(name, off, on, mismatches, prompts)
 }
 
 /// The concurrent workload `name` over `rounds`.
@@ -378,15 +401,7 @@ pub fn concurrent(name: &str, rounds: &[Round]) -> Workload {
     let arm = |on: bool| -> Vec<&Round> { rounds.iter().filter(|r| r.speculative == on).collect() };
     let (off, on) = (Arm::concurrent(&arm(false)), Arm::concurrent(&arm(true)));
     let mismatches = mismatches(rounds.iter().flat_map(|r| &r.runs));
-    Workload {
-        name: name.to_owned(),
-        ratio: ratio(on.tok_per_s, off.tok_per_s),
-        off,
-        on,
-        identical: mismatches.is_empty(),
-        mismatches,
-        prompts: Vec::new(),
-    }
+    Workload::new(name, off, on, mismatches, Vec::new())
 }
 
 #[cfg(test)]

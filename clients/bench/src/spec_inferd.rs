@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::client::{Conn, Trace};
 use crate::daemon::{Daemon, DaemonSpec};
-use crate::spec_figures::{Drafts, Round, Run};
+use crate::spec_figures::{arm_order, Drafts, Round, Run};
 use crate::spec_prompts::{PromptText, SYSTEM};
 use crate::speculative::{arm_name, together, ChatPrompt, Settings, SEED};
 
@@ -275,11 +275,7 @@ async fn single_streams(
     let mut counters_differ = false;
     for rep in 0..settings.reps {
         for (j, p) in prompts.iter().enumerate() {
-            let order = if (rep + j) % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
+            let order = arm_order(rep + j);
             let mut pair: Vec<Run> = Vec::new();
             for on in order {
                 let before = client.stats().await;
@@ -335,11 +331,7 @@ async fn concurrent(
     let n = prompts.len();
     let mut rounds = Vec::new();
     for round in 0..settings.rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order = arm_order(round);
         for on in order {
             eprintln!(
                 "inferd-bench: inferd: {n} streams, round {round}, speculation {}",

@@ -24,7 +24,7 @@ use crate::daemon::proc_cpu_ticks;
 use crate::http_client;
 use crate::llama_cpp::LlamaCpp;
 use crate::llama_server::{LlamaServer, ServerSpec};
-use crate::spec_figures::{Drafts, Round, Run};
+use crate::spec_figures::{arm_order, Drafts, Round, Run};
 use crate::speculative::{arm_name, together, ChatPrompt, Settings};
 
 /// How to run the two servers.
@@ -321,11 +321,7 @@ async fn single_streams(
     let (mut off_timing, mut busy_twin) = (0, 0.0f64);
     for rep in 0..settings.reps {
         for (j, p) in prompts.iter().enumerate() {
-            let order = if (rep + j) % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
+            let order = arm_order(rep + j);
             let mut pair_runs: Vec<Run> = Vec::new();
             for on in order {
                 let (server, twin) = (pair.server(on), pair.server(!on));
@@ -395,11 +391,7 @@ async fn concurrent(
     warm_up(pair, &prompts[0], settings.timeout).await?;
     let mut rounds = Vec::new();
     for round in 0..settings.rounds {
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order = arm_order(round);
         for on in order {
             eprintln!(
                 "inferd-bench: llama-server: {n} streams, round {round}, speculation {}",
