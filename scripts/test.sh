@@ -27,10 +27,20 @@ if [[ -z "${INFERD_TEST_PYTHON:-}" ]]; then
         if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq python3-venv; else
             sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv; fi
     fi
-    if ! target/pyenv/bin/python -c "import openai, prometheus_client, jsonschema" 2>/dev/null; then
+    if ! target/pyenv/bin/python -c "import openai, prometheus_client, jsonschema, pytest, websockets, selenium" 2>/dev/null; then
         python3 -m venv target/pyenv
-        target/pyenv/bin/pip install -q --disable-pip-version-check openai prometheus_client jsonschema
+        target/pyenv/bin/pip install -q --disable-pip-version-check openai prometheus_client jsonschema \
+            pytest websockets selenium
     fi
+fi
+py="${INFERD_TEST_PYTHON:-target/pyenv/bin/python}"
+# The Python client (clients/python), installed as a user would, for its own tests.
+"$py" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python
+# tests/browser drives the page served at GET / in Debian's headless Chromium (Selenium
+# with Debian's chromedriver; nothing is downloaded at test time).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; else
+        sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver; fi
 fi
 scripts/build-plugins.sh
 cargo fmt --all -- --check
@@ -40,9 +50,13 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+# The Python client's and the browser page's tests, against the daemon built above.
+"$py" -m pytest -q -p no:cacheprovider clients/python/tests tests/browser 2>&1 | tee -a "$log" || status=$?
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml \
     --target-dir target/plugins-build -- -D warnings
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+# cargo's "test result:" lines and pytest's closing line ("N passed, N failed in Ts").
+awk '/^test result:/ || /^=* *[0-9]+ (passed|failed).* in [0-9.]+s/ {
+         for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|error)/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"
