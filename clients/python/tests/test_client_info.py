@@ -1,0 +1,61 @@
+"""tokenize / detokenize with the default model's real ids; stats and plugins as typed
+results."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import inferd
+from client_helpers import FrameChecker, run
+from inferd_daemon import Daemon
+
+
+def test_tokenize_and_detokenize_round_trip(daemon: Daemon, check: FrameChecker) -> None:
+    async def body() -> None:
+        async with inferd.connect(daemon.url, on_frame=check) as c:
+            # SmolLM2's ids, as in docs/protocol.md's echo example (no BOS is added).
+            assert await c.tokenize("The sky is") == [504, 6376, 314]
+            assert await c.detokenize([504, 6376, 314]) == "The sky is"
+            text = "Grüße, 世界! 🌍"
+            assert await c.detokenize(await c.tokenize(text)) == text
+            # Special-token text maps to its control id only when asked to.
+            assert await c.tokenize("<|im_end|>", special=True) == [2]
+            plain = await c.tokenize("<|im_end|>")
+            assert len(plain) > 1 and await c.detokenize(plain) == "<|im_end|>"
+            assert await c.tokenize("") == []
+
+    run(body())
+
+
+def test_stats_are_typed_and_cover_every_field(daemon: Daemon, check: FrameChecker) -> None:
+    async def body() -> inferd.Stats:
+        async with inferd.connect(daemon.url, on_frame=check) as c:
+            return await c.stats()
+
+    st = run(body())
+    assert isinstance(st, inferd.Stats)
+    assert isinstance(st.prefix_cache, inferd.PrefixCacheStats)
+    assert isinstance(st.speculative, inferd.SpeculativeStats)
+    assert st.running == 0 and st.kv_block_size == 16 and st.kv_blocks_total > 0
+    assert st.prefix_cache.enabled and st.speculative.method in ("ngram", "draft", "off")
+    # The dataclasses name every field the daemon sends (and nothing else).
+    (frame,) = [f for f in check.frames if f["type"] == "stats"]
+    assert set(frame) - {"type", "id"} == {f.name for f in dataclasses.fields(inferd.Stats)}
+    for field in ("prefix_cache", "speculative"):
+        assert set(frame[field]) == {f.name for f in dataclasses.fields(getattr(st, field))}
+
+
+def test_plugins_are_typed(daemon: Daemon, check: FrameChecker) -> None:
+    async def body() -> inferd.Plugins:
+        async with inferd.connect(daemon.url, on_frame=check) as c:
+            return await c.plugins()
+
+    p = run(body())
+    assert p.interface == "inferd:plugin@0.1.0"
+    by_name = {x.name: x for x in p.plugins}
+    assert [x.name for x in p.plugins] == sorted(by_name)
+    assert {"ban_words", "mirostat", "noop", "trap"} <= set(by_name)
+    assert by_name["mirostat"].world == "sampler" and by_name["ban_words"].world == "logits-processor"
+    assert by_name["ban_words"].file == "ban_words.wasm" and by_name["ban_words"].interface == p.interface
+    (frame,) = [f for f in check.frames if f["type"] == "plugins"]
+    assert all(set(x) == {f.name for f in dataclasses.fields(inferd.PluginInfo)} for x in frame["plugins"])
