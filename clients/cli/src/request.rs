@@ -1,0 +1,152 @@
+//! Client frames: the `generate` frame built from the command-line options, and the
+//! one-field `cancel`, `stats` and `plugins` frames.
+
+use serde_json::{json, Map, Value};
+
+use crate::args::GenerateOptions;
+
+/// What a `generate` asks the model to continue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Chat messages, rendered with the model's chat template.
+    Messages(Vec<Value>),
+    /// A raw prompt, tokenized as is.
+    Prompt(String),
+}
+
+/// A chat message `{"role": role, "content": content}`.
+pub fn message(role: &str, content: &str) -> Value {
+    json!({"role": role, "content": content})
+}
+
+/// The `generate` frame with request id `id`. Options left unset are not sent, so the
+/// daemon's defaults apply.
+pub fn generate(id: &str, input: Input, options: &GenerateOptions) -> Value {
+    let mut frame = Map::new();
+    frame.insert("type".into(), json!("generate"));
+    frame.insert("id".into(), json!(id));
+    match input {
+        Input::Messages(messages) => frame.insert("messages".into(), Value::Array(messages)),
+        Input::Prompt(prompt) => frame.insert("prompt".into(), json!(prompt)),
+    };
+    let mut set = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            frame.insert(key.into(), value);
+        }
+    };
+    set("max_tokens", options.max_tokens.map(Value::from));
+    set("temperature", options.temperature.map(Value::from));
+    set("top_p", options.top_p.map(Value::from));
+    set("top_k", options.top_k.map(Value::from));
+    set("min_p", options.min_p.map(Value::from));
+    set("min_tokens", options.min_tokens.map(Value::from));
+    set(
+        "stop",
+        (!options.stop.is_empty()).then(|| json!(options.stop)),
+    );
+    set("seed", options.seed.map(Value::from));
+    set("cache", options.no_cache.then_some(Value::Bool(false)));
+    set("cache_salt", options.cache_salt.as_ref().map(|s| json!(s)));
+    Value::Object(frame)
+}
+
+/// The `cancel` frame for request `id`.
+pub fn cancel(id: &str) -> Value {
+    json!({"type": "cancel", "id": id})
+}
+
+/// A `stats` or `plugins` request frame (`kind`) with id `id`.
+pub fn query(kind: &str, id: &str) -> Value {
+    json!({"type": kind, "id": id})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{parse, Command};
+
+    fn chat_frame(args: &[&str]) -> Value {
+        let Command::Chat(chat) = parse(args).command else {
+            panic!("chat expected");
+        };
+        let mut messages = Vec::new();
+        if let Some(system) = &chat.system {
+            messages.push(message("system", system));
+        }
+        messages.push(message(
+            "user",
+            chat.question.as_deref().unwrap_or_default(),
+        ));
+        generate("cli-1", Input::Messages(messages), &chat.options)
+    }
+
+    #[test]
+    fn chat_frame_has_system_and_options() {
+        let frame = chat_frame(&[
+            "chat",
+            "why?",
+            "--system",
+            "brief",
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0.5",
+            "--seed",
+            "9",
+        ]);
+        assert_eq!(
+            frame,
+            json!({"type": "generate", "id": "cli-1",
+                   "messages": [{"role": "system", "content": "brief"}, {"role": "user", "content": "why?"}],
+                   "max_tokens": 5, "temperature": 0.5, "seed": 9})
+        );
+    }
+
+    #[test]
+    fn unset_options_are_left_to_the_daemon() {
+        let frame = generate(
+            "cli-1",
+            Input::Prompt("Once".into()),
+            &GenerateOptions::default(),
+        );
+        assert_eq!(
+            frame,
+            json!({"type": "generate", "id": "cli-1", "prompt": "Once"})
+        );
+    }
+
+    #[test]
+    fn sampling_options_and_stops_are_sent() {
+        let frame = chat_frame(&[
+            "chat",
+            "hi",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "20",
+            "--min-p",
+            "0.1",
+            "--min-tokens",
+            "3",
+            "--stop",
+            "\n\n",
+            "--stop",
+            "END",
+        ]);
+        assert_eq!(frame["top_p"], json!(0.9));
+        assert_eq!(frame["top_k"], json!(20));
+        assert_eq!(frame["min_p"], json!(0.1));
+        assert_eq!(frame["min_tokens"], json!(3));
+        assert_eq!(frame["stop"], json!(["\n\n", "END"]));
+    }
+
+    #[test]
+    fn cache_flags_set_cache_and_salt() {
+        let frame = chat_frame(&["chat", "hi", "--no-cache", "--cache-salt", "tenant-a"]);
+        assert_eq!(frame["cache"], json!(false));
+        assert_eq!(frame["cache_salt"], json!("tenant-a"));
+        let frame = chat_frame(&["chat", "hi", "--cache-salt", "s"]);
+        assert_eq!(frame["cache_salt"], json!("s"));
+        assert!(frame.get("cache").is_none());
+    }
+}
