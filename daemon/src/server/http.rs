@@ -1,8 +1,11 @@
-//! HTTP routes (`docs/http-api.md`): `/health`, `/ready`, `/metrics`, the WebSocket
-//! upgrade at `/v1/ws`, and the OpenAI-compatible `/v1/*` API (in [`super::openai`]).
+//! HTTP routes (`docs/http-api.md`): the chat page at `/` (in [`super::page`]),
+//! `/health`, `/ready`, `/metrics`, the WebSocket upgrade at `/v1/ws`, and the
+//! OpenAI-compatible `/v1/*` API (in [`super::openai`]).
 //!
-//! `/v1/*` requires `Authorization: Bearer <server.api_key>` when a key is set; the
-//! probes and `/metrics` stay open (as in vLLM). Every error body under `/v1/` is
+//! `/v1/*` requires `Authorization: Bearer <server.api_key>` when a key is set (the
+//! WebSocket upgrade also takes it as the subprotocol `inferd.key.<base64url(key)>`,
+//! see [`super::subprotocol`]); the page, the probes and `/metrics` stay open (as in
+//! vLLM and llama.cpp's server). Every error body under `/v1/` is
 //! OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`.
 
 use std::convert::Infallible;
@@ -20,7 +23,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 
 use super::session::{self, WS_PATH};
-use super::{openai, Engine, State};
+use super::{openai, page, subprotocol, Engine, State};
 use crate::error::{ErrorKind, InferError};
 use crate::metrics::metrics;
 use crate::scheduler::GetStats;
@@ -147,7 +150,7 @@ pub async fn route(req: Request<Incoming>, state: Rc<State>) -> Response<Body> {
             _ => method_not_allowed("GET, HEAD"),
         },
         p if p.starts_with("/v1/") => v1(req, &state, &method, p).await,
-        _ => not_found(&path),
+        p => page::serve(&method, p).unwrap_or_else(|| not_found(p)),
     }
 }
 
@@ -157,13 +160,15 @@ fn not_found(path: &str) -> Response<Body> {
         "not_found_error",
         "not_found",
         &format!(
-            "no route {path}: the endpoints are /v1/chat/completions, /v1/completions, \
-             /v1/models, {WS_PATH} (WebSocket), /health, /ready and /metrics"
+            "no route {path}: the endpoints are / (the chat page), /v1/chat/completions, \
+             /v1/completions, /v1/models, {WS_PATH} (WebSocket), /health, /ready and \
+             /metrics"
         ),
     )
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Body> {
+/// `405` with an `Allow` header listing `allow`.
+pub fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut r = error(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
@@ -191,18 +196,39 @@ async fn metrics_page(state: &State) -> Response<Body> {
 /// Compares the `Authorization` header with the key in constant time (for equal
 /// lengths).
 fn authorized(req: &Request<Incoming>, key: &str) -> bool {
-    let Some(given) = req
-        .headers()
+    bearer(req).is_some_and(|given| same_key(given.trim().as_bytes(), key.as_bytes()))
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme in any case).
+fn bearer(req: &Request<Incoming>) -> Option<&str> {
+    req.headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token)
-    else {
-        return false;
-    };
-    let (a, b) = (given.trim().as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `given` is the key, in time independent of where they differ (for equal
+/// lengths).
+fn same_key(given: &[u8], key: &[u8]) -> bool {
+    given.len() == key.len() && given.iter().zip(key).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The subprotocols a WebSocket upgrade offers.
+fn ws_offer(req: &Request<Incoming>) -> subprotocol::Offer {
+    subprotocol::parse(req.headers().get_all(header::SEC_WEBSOCKET_PROTOCOL))
+}
+
+/// Whether a request carries the key: the `Authorization` header, or for the
+/// WebSocket upgrade its `inferd.key.` subprotocol (browsers cannot set headers on a
+/// WebSocket).
+fn has_key(req: &Request<Incoming>, path: &str, key: &str) -> bool {
+    authorized(req, key)
+        || (path == WS_PATH
+            && ws_offer(req)
+                .key
+                .is_some_and(|given| same_key(&given, key.as_bytes())))
 }
 
 async fn v1(
@@ -213,13 +239,27 @@ async fn v1(
 ) -> Response<Body> {
     let key = state.api_key.borrow().clone();
     if let Some(key) = key {
-        if !authorized(&req, &key) {
-            let message = if req.headers().contains_key(header::AUTHORIZATION) {
-                "incorrect API key: send the daemon's server.api_key as \
-                 \"Authorization: Bearer <key>\""
-            } else {
-                "missing API key: this daemon requires \"Authorization: Bearer <key>\" \
-                 (server.api_key)"
+        if !has_key(&req, path, &key) {
+            let given = req.headers().contains_key(header::AUTHORIZATION)
+                || (path == WS_PATH && ws_offer(&req).key.is_some());
+            let message = match (given, path == WS_PATH) {
+                (true, false) => {
+                    "incorrect API key: send the daemon's server.api_key as \
+                     \"Authorization: Bearer <key>\""
+                }
+                (true, true) => {
+                    "incorrect API key: send the daemon's server.api_key as \
+                     \"Authorization: Bearer <key>\" or as the subprotocol \
+                     \"inferd.key.<base64url of the key>\""
+                }
+                (false, false) => {
+                    "missing API key: this daemon requires \"Authorization: Bearer <key>\" \
+                     (server.api_key)"
+                }
+                (false, true) => {
+                    "missing API key: this daemon requires \"Authorization: Bearer <key>\" \
+                     or the subprotocol \"inferd.key.<base64url of the key>\" (server.api_key)"
+                }
             };
             return error(
                 StatusCode::UNAUTHORIZED,
@@ -338,6 +378,17 @@ fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) ->
     let Ok(accept) = HeaderValue::from_str(&accept) else {
         return bad("Sec-WebSocket-Key is invalid");
     };
+    // A client that offers subprotocols must get one of them back (browsers fail the
+    // connection otherwise): the protocol's own, `inferd.v1`.
+    let offer = ws_offer(&req);
+    if offer.any && !offer.v1 {
+        return bad(&format!(
+            "Sec-WebSocket-Protocol must include \"{}\" when subprotocols are offered \
+             (the API key goes in \"{}<base64url of the key>\")",
+            subprotocol::PROTOCOL,
+            subprotocol::KEY_PREFIX
+        ));
+    }
     let upgrade = hyper::upgrade::on(&mut req);
     let config = session::ws_config(engine.max_message_bytes);
     let state = state.clone();
@@ -361,6 +412,12 @@ fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) ->
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    if offer.v1 {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(subprotocol::PROTOCOL),
+        );
+    }
     r
 }
 

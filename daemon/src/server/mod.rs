@@ -1,8 +1,9 @@
 //! The network edge: one TCP listener speaking HTTP/1.1 (hyper), where `GET /v1/ws`
 //! upgrades to a WebSocket session (protocol v1, `docs/protocol.md`) and the other
-//! routes are health, readiness, metrics and the OpenAI-compatible API
-//! (`docs/http-api.md`). No inference logic lives here: requests are validated through
-//! `api`, handed to the tokenizer stage, and each request's events are forwarded back.
+//! routes are the browser chat page, health, readiness, metrics and the
+//! OpenAI-compatible API (`docs/http-api.md`). No inference logic lives here: requests
+//! are validated through `api`, handed to the tokenizer stage, and each request's events
+//! are forwarded back.
 //!
 //! Everything here runs on the actix system thread (connections are spawned with
 //! `actix_rt::spawn`), so shared state is `Rc`/`RefCell`.
@@ -11,7 +12,9 @@ mod http;
 mod openai;
 mod openai_choices;
 mod openai_logprobs;
+mod page;
 mod session;
+mod subprotocol;
 mod tracker;
 
 use std::cell::{Cell, RefCell};

@@ -1,0 +1,153 @@
+//! The WebSocket subprotocols of `GET /v1/ws` (`Sec-WebSocket-Protocol`, RFC 6455
+//! §1.9): `inferd.v1`, the protocol itself, and `inferd.key.<base64url(key)>`, the API
+//! key for clients that cannot send an `Authorization` header (browsers' `WebSocket`
+//! API). Pure parsing; the key is compared in [`super::http`].
+
+use hyper::header::HeaderValue;
+
+/// The subprotocol the server answers with whenever the client offers subprotocols.
+pub const PROTOCOL: &str = "inferd.v1";
+
+/// The prefix of the subprotocol that carries the API key, base64url without padding.
+pub const KEY_PREFIX: &str = "inferd.key.";
+
+/// What a client offered in its `Sec-WebSocket-Protocol` headers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Offer {
+    /// Any subprotocol at all was offered (then the answer must name one of them).
+    pub any: bool,
+    /// `inferd.v1` was among them.
+    pub v1: bool,
+    /// The first `inferd.key.` entry: `Some(bytes)` when it decodes, `Some(empty)`
+    /// never matches a key (an entry that is not base64url counts as a wrong key).
+    /// Only the first entry counts, so one request cannot try many keys.
+    pub key: Option<Vec<u8>>,
+}
+
+/// Reads every `Sec-WebSocket-Protocol` header value (each a comma-separated list).
+pub fn parse<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Offer {
+    let mut offer = Offer::default();
+    let entries = values
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    for entry in entries {
+        offer.any = true;
+        if entry == PROTOCOL {
+            offer.v1 = true;
+        } else if let Some(encoded) = entry.strip_prefix(KEY_PREFIX) {
+            if offer.key.is_none() {
+                offer.key = Some(decode_base64url(encoded).unwrap_or_default());
+            }
+        }
+    }
+    offer
+}
+
+/// Decodes base64url (RFC 4648 §5) without padding; `None` for any other character,
+/// padding included, or an impossible length.
+pub fn decode_base64url(s: &str) -> Option<Vec<u8>> {
+    fn value(c: u8) -> Option<u32> {
+        Some(u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        }))
+    }
+    if s.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.as_bytes().chunks(4) {
+        let mut acc = 0u32;
+        for &c in chunk {
+            acc = (acc << 6) | value(c)?;
+        }
+        // 4 chars → 3 bytes, 3 → 2, 2 → 1; the unused low bits must be zero
+        // (canonical encoding).
+        let (bytes, spare) = match chunk.len() {
+            4 => (3, 0),
+            3 => (2, 2),
+            _ => (1, 4),
+        };
+        if acc & ((1 << spare) - 1) != 0 {
+            return None;
+        }
+        let acc = acc >> spare;
+        for i in (0..bytes).rev() {
+            out.push((acc >> (8 * i)) as u8);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(values: &[&str]) -> Offer {
+        let headers: Vec<HeaderValue> = values
+            .iter()
+            .map(|v| HeaderValue::from_str(v).expect("header"))
+            .collect();
+        parse(&headers)
+    }
+
+    #[test]
+    fn base64url_round_trips_known_vectors() {
+        // RFC 4648 §10, with the URL-safe alphabet and no padding.
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg"),
+            ("fo", "Zm8"),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg"),
+            ("fooba", "Zm9vYmE"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(decode_base64url(enc).as_deref(), Some(plain.as_bytes()));
+        }
+        // 0xfb 0xff: '+' and '/' in standard base64, '-' and '_' here.
+        assert_eq!(decode_base64url("-_8").as_deref(), Some(&[0xfb, 0xff][..]));
+        assert_eq!(decode_base64url("+/8"), None);
+        assert_eq!(decode_base64url("Zg=="), None, "padding is refused");
+        assert_eq!(decode_base64url("Z"), None, "impossible length");
+        assert_eq!(decode_base64url("Zh"), None, "non-zero spare bits");
+        assert_eq!(decode_base64url("Zm 9"), None);
+    }
+
+    #[test]
+    fn the_offer_lists_v1_and_the_first_key() {
+        // "test-key-0123" → dGVzdC1rZXktMDEyMw
+        let o = offer(&["inferd.v1, inferd.key.dGVzdC1rZXktMDEyMw"]);
+        assert_eq!(
+            o,
+            Offer {
+                any: true,
+                v1: true,
+                key: Some(b"test-key-0123".to_vec())
+            }
+        );
+        // Several headers, spaces, a second key entry ignored.
+        let o = offer(&["chat", " inferd.key.YQ ,inferd.key.Yg", "inferd.v1"]);
+        assert!(o.any && o.v1);
+        assert_eq!(o.key.as_deref(), Some(&b"a"[..]));
+        // Nothing offered.
+        assert_eq!(offer(&[]), Offer::default());
+        assert_eq!(offer(&[" , "]), Offer::default());
+        // Other protocols only.
+        let o = offer(&["chat, superchat"]);
+        assert!(o.any && !o.v1 && o.key.is_none());
+        // A key that is not base64url is kept as an empty key (never matches).
+        let o = offer(&["inferd.v1, inferd.key.a+b"]);
+        assert_eq!(o.key.as_deref(), Some(&b""[..]));
+        // The match is exact: no case folding, no prefix match.
+        let o = offer(&["Inferd.V1, inferd.v10"]);
+        assert!(o.any && !o.v1);
+    }
+}
