@@ -18,17 +18,13 @@ from chat_page import API_KEY, ChatPage, chromium  # noqa: E402
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[inferd_daemon.Daemon]:
     """A daemon with the test profile and the bundled plugins, no API key."""
-    d = inferd_daemon.start()
-    yield d
-    d.stop()
+    yield from inferd_daemon.serve()
 
 
 @pytest.fixture(scope="session")
 def keyed_daemon() -> Iterator[inferd_daemon.Daemon]:
     """A daemon that requires ``API_KEY``."""
-    d = inferd_daemon.start(env={"INFERD__SERVER__API_KEY": API_KEY})
-    yield d
-    d.stop()
+    yield from inferd_daemon.serve(env={"INFERD__SERVER__API_KEY": API_KEY})
 
 
 def _page(d: inferd_daemon.Daemon) -> Iterator[ChatPage]:

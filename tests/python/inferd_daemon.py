@@ -14,6 +14,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +114,12 @@ def start(env: dict[str, str] | None = None, args: list[str] | None = None, time
         store.cleanup()
         raise RuntimeError("inferd did not start listening; stderr:\n" + "\n".join(err_lines[-40:])) from None
     return Daemon(proc=proc, url=url, _store=store, stderr=err_lines)
+
+
+def serve(env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A pytest fixture's body: starts a daemon (see :func:`start`), yields it, stops it."""
+    d = start(env=env)
+    try:
+        yield d
+    finally:
+        d.stop()

@@ -26,16 +26,14 @@ def check() -> Iterator[FrameChecker]:
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[inferd_daemon.Daemon]:
     """A daemon with the test profile and the bundled plugins."""
-    d = inferd_daemon.start()
-    yield d
-    d.stop()
+    yield from inferd_daemon.serve()
 
 
 @pytest.fixture(scope="session")
 def limited_daemon() -> Iterator[inferd_daemon.Daemon]:
     """A daemon with an API key, a 40-token context and room for one running and one
     waiting request."""
-    d = inferd_daemon.start(
+    yield from inferd_daemon.serve(
         env={
             "INFERD__SERVER__API_KEY": API_KEY,
             "INFERD__MODEL__CONTEXT_LENGTH": str(SMALL_CONTEXT),
@@ -43,5 +41,3 @@ def limited_daemon() -> Iterator[inferd_daemon.Daemon]:
             "INFERD__SCHEDULER__MAX_WAITING": str(MAX_WAITING),
         }
     )
-    yield d
-    d.stop()
