@@ -46,44 +46,11 @@ pub fn parse<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Offer {
     offer
 }
 
-/// Decodes base64url (RFC 4648 §5) without padding; `None` for any other character,
-/// padding included, or an impossible length.
+/// Decodes base64url (RFC 4648 §5) without padding, canonical only (the unused low
+/// bits of the last character zero); `None` for any other character, padding included,
+/// or an impossible length.
 pub fn decode_base64url(s: &str) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        Some(u32::from(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' => 62,
-            b'_' => 63,
-            _ => return None,
-        }))
-    }
-    if s.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    for chunk in s.as_bytes().chunks(4) {
-        let mut acc = 0u32;
-        for &c in chunk {
-            acc = (acc << 6) | value(c)?;
-        }
-        // 4 chars → 3 bytes, 3 → 2, 2 → 1; the unused low bits must be zero
-        // (canonical encoding).
-        let (bytes, spare) = match chunk.len() {
-            4 => (3, 0),
-            3 => (2, 2),
-            _ => (1, 4),
-        };
-        if acc & ((1 << spare) - 1) != 0 {
-            return None;
-        }
-        let acc = acc >> spare;
-        for i in (0..bytes).rev() {
-            out.push((acc >> (8 * i)) as u8);
-        }
-    }
-    Some(out)
+    data_encoding::BASE64URL_NOPAD.decode(s.as_bytes()).ok()
 }
 
 #[cfg(test)]
