@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the inferd WebAssembly plugins (plugins/) into target/plugins/<name>.wasm, and
-# the test-only ones into target/test-plugins/<name>.wasm.
+# Builds the inferd WebAssembly plugins (plugins/) into target/plugins/<name>.wasm, the
+# test-only ones into target/test-plugins/<name>.wasm, and both kinds into
+# target/e2e-plugins/ (the directory the test harnesses' daemons load).
 #
 # Usage: scripts/build-plugins.sh            (from any directory)
 # Env:   PLUGINS_OUT    output directory (default: <repo>/target/plugins)
@@ -9,6 +10,9 @@
 #                       has `test-only = true` under [package.metadata.inferd] (default:
 #                       <repo>/target/test-plugins); the daemon does not load them by
 #                       default, a test copies them into its daemon's plugins.dir
+#        E2E_PLUGINS_OUT
+#                       output directory holding every plugin, bundled and test-only
+#                       (default: <repo>/target/e2e-plugins): the tests' plugins.dir
 #        WASI_SYSROOT   wasi-libc sysroot in Debian's layout (default: /usr, i.e.
 #                       /usr/include/wasm32-wasi and /usr/lib/wasm32-wasi)
 #
@@ -27,6 +31,7 @@ set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${PLUGINS_OUT:-$ROOT/target/plugins}"
 TEST_OUT="${TEST_PLUGINS_OUT:-$ROOT/target/test-plugins}"
+E2E_OUT="${E2E_PLUGINS_OUT:-$ROOT/target/e2e-plugins}"
 BUILD="$ROOT/target/plugins-build"
 WIT="$ROOT/wit"
 WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
@@ -81,16 +86,17 @@ if ! command -v wasm-tools >/dev/null; then
     cargo install --locked "wasm-tools@$WASM_TOOLS_VERSION"
 fi
 
-mkdir -p "$OUT" "$TEST_OUT" "$BUILD"
+mkdir -p "$OUT" "$TEST_OUT" "$E2E_OUT" "$BUILD"
 built=() # output paths, checked at the end
 n_test=0 # how many of them are test-only
 
-# Copies component $1 to $3/$2.wasm ($3 defaults to $OUT; only when it changed) and
-# prints one line.
+# Copies component $1 to $3/$2.wasm ($3 defaults to $OUT) and to $E2E_OUT/$2.wasm (each
+# only when it changed), and prints one line.
 publish() {
     local src=$1 name=$2 dir=${3:-$OUT}
     local dst="$dir/$name.wasm"
     cmp -s "$src" "$dst" 2>/dev/null || cp "$src" "$dst"
+    cmp -s "$src" "$E2E_OUT/$name.wasm" 2>/dev/null || cp "$src" "$E2E_OUT/$name.wasm"
     built+=("$dst")
     printf 'built %-18s %s (%s bytes)\n' "$name" "$dst" "$(stat -c %s "$dst")"
 }
@@ -99,6 +105,7 @@ publish() {
 # 2. Rust plugins (the cdylib crates of plugins/Cargo.toml; crate name = plugin name).
 #    A crate with `test-only = true` (under [package.metadata.inferd]) is a test fixture
 #    that the daemon must not load by default: it goes to $TEST_OUT instead of $OUT.
+#    Every plugin also goes to $E2E_OUT.
 # ---------------------------------------------------------------------------------------
 rust_plugins=()
 test_plugins=()
@@ -189,4 +196,4 @@ for f in "${built[@]}"; do
         grep -Eqx '\s*export inferd:plugin/(logits-processor|sampler)@[0-9.]+;' <<<"$exports" ||
         die "$f: must export exactly one of inferd:plugin/logits-processor, sampler; found:"$'\n'"$exports"
 done
-note "$((${#built[@]} - n_test)) plugins in $OUT, $n_test test-only in $TEST_OUT, imports checked"
+note "$((${#built[@]} - n_test)) plugins in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT, imports checked"

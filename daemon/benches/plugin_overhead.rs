@@ -17,7 +17,7 @@
 //! bash scripts/build-plugins.sh && cargo bench -p inferd --bench plugin_overhead
 //! ```
 //! Prints a table and writes `target/bench/plugin_overhead.json`. Plugins from
-//! `INFERD_PLUGINS_DIR` or `target/plugins/`; model from `INFERD_TEST_MODEL` or
+//! `INFERD_PLUGINS_DIR` or `target/e2e-plugins/`; model from `INFERD_TEST_MODEL` or
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf`; `INFERD_BENCH_DECODE` decode steps per
 //! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 21).
 
@@ -42,7 +42,7 @@ use rand_chacha::ChaCha8Rng;
 
 fn plugin_dir() -> PathBuf {
     std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-plugins"),
         PathBuf::from,
     )
 }

@@ -197,7 +197,7 @@ def test_a_refused_value_is_shown_next_to_the_answer(page: ChatPage) -> None:
 
 
 def test_plugins_listed_by_the_daemon_can_be_chosen(page: ChatPage) -> None:
-    if not list((ROOT / "target" / "plugins").glob("*.wasm")):
+    if not list((ROOT / "target" / "e2e-plugins").glob("*.wasm")):
         pytest.skip("no bundled plugins built (scripts/build-plugins.sh)")
     page.open()
     wait_for("the plugin list", lambda: page.driver.find_elements(By.CSS_SELECTOR, "#plugin-list li"))

@@ -74,7 +74,7 @@ def start(env: dict[str, str] | None = None, args: list[str] | None = None, time
     and CLI arguments, and waits until it listens."""
     store = tempfile.TemporaryDirectory(prefix="inferd-py-store-")
     full_env = dict(os.environ)
-    full_env["INFERD__PLUGINS__DIR"] = os.environ.get("INFERD_PLUGINS_DIR", str(ROOT / "target" / "plugins"))
+    full_env["INFERD__PLUGINS__DIR"] = os.environ.get("INFERD_PLUGINS_DIR", str(ROOT / "target" / "e2e-plugins"))
     full_env["INFERD__PREFIX_STORE__PATH"] = store.name
     full_env.update(env or {})
     cmd = [

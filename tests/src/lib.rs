@@ -175,8 +175,8 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // The bundled plugins, built by scripts/build-plugins.sh (absolute: the
-            // daemon's working directory is the test's).
+            // The bundled and the test-only plugins, built by scripts/build-plugins.sh
+            // (absolute: the daemon's working directory is the test's).
             .env("INFERD__PLUGINS__DIR", plugins_dir());
         // Every daemon gets its own prefix store unless the test names one (two sled
         // databases cannot share a directory).
@@ -283,11 +283,20 @@ impl Drop for Daemon {
     }
 }
 
-/// Where the bundled plugins are: `$INFERD_PLUGINS_DIR` or `target/plugins/` (built by
-/// `scripts/build-plugins.sh`, which the test command runs first).
+/// The plugins directory every harness daemon loads: `$INFERD_PLUGINS_DIR` or
+/// `target/e2e-plugins/`, where `scripts/build-plugins.sh` (which the test command runs
+/// first) puts the bundled plugins together with the test-only fixtures (`busy_loop`,
+/// `memory_bomb`, `trap`, `scripted`) that the daemon does not load by default.
 pub fn plugins_dir() -> PathBuf {
-    std::env::var_os("INFERD_PLUGINS_DIR")
-        .map_or_else(|| workspace_root().join("target/plugins"), PathBuf::from)
+    std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
+        || workspace_root().join("target/e2e-plugins"),
+        PathBuf::from,
+    )
+}
+
+/// The bundled plugins alone, as `scripts/run.sh` serves them: `target/plugins/`.
+pub fn bundled_plugins_dir() -> PathBuf {
+    workspace_root().join("target/plugins")
 }
 
 /// Where the test-only plugins are (e.g. `scripted.wasm`): `$INFERD_TEST_PLUGINS_DIR` or

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use inferd_e2e::{ids, test_plugins_dir, Client, Daemon, Generation};
+use inferd_e2e::{bundled_plugins_dir, ids, test_plugins_dir, Client, Daemon, Generation};
 use serde_json::{json, Value};
 
 const FRANCE: &str = "What is the capital of France? Answer in one short sentence.";
@@ -42,7 +42,13 @@ fn error_message(g: &Generation) -> &str {
 
 #[tokio::test]
 async fn plugins_message_lists_the_bundled_plugins() {
-    let daemon = Daemon::start().expect("daemon");
+    // The directory scripts/run.sh serves, not the harness's (which adds the fixtures).
+    let bundled = bundled_plugins_dir();
+    let daemon = Daemon::start_with_env(&[(
+        "INFERD__PLUGINS__DIR",
+        bundled.to_str().expect("utf-8 path"),
+    )])
+    .expect("daemon");
     let mut c = daemon.connect().await.expect("connect");
     c.send(&json!({"type":"plugins","id":"p"}))
         .await
@@ -65,11 +71,13 @@ async fn plugins_message_lists_the_bundled_plugins() {
     assert_eq!(world("min_tokens").as_deref(), Some("logits-processor"));
     assert_eq!(world("mirostat").as_deref(), Some("sampler"));
     // Test-only plugins are built into target/test-plugins/, not loaded by default.
-    assert_eq!(
-        world("scripted"),
-        None,
-        "test-only plugin loaded by default"
-    );
+    for fixture in ["scripted", "busy_loop", "memory_bomb", "trap"] {
+        assert_eq!(
+            world(fixture),
+            None,
+            "test-only {fixture} loaded by default"
+        );
+    }
     for p in list {
         assert!(!p["version"].as_str().unwrap_or_default().is_empty(), "{p}");
     }

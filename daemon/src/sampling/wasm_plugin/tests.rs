@@ -1,5 +1,5 @@
 //! Host tests against the bundled plugins (built by `scripts/build-plugins.sh` into
-//! `target/plugins/`, or `INFERD_PLUGINS_DIR`), on a small synthetic vocabulary.
+//! `target/e2e-plugins/`, or `INFERD_PLUGINS_DIR`), on a small synthetic vocabulary.
 //! Every sandbox limit is tested as an obeyed/violated pair.
 
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ fn vocab() -> Arc<PluginVocab> {
 
 fn plugin_dir() -> PathBuf {
     std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-plugins"),
         PathBuf::from,
     )
 }
