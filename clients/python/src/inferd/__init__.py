@@ -11,6 +11,7 @@
 from .client import DEFAULT_URL, Client, Connect, FrameHook, connect
 from .errors import (
     AuthenticationError,
+    ConnectError,
     ConnectionClosedError,
     ContextLengthExceededError,
     InferdError,
@@ -30,6 +31,7 @@ __all__ = [
     "AuthenticationError",
     "Client",
     "Connect",
+    "ConnectError",
     "ConnectionClosedError",
     "ContextLengthExceededError",
     "Delta",

@@ -12,9 +12,10 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from .errors import AuthenticationError, ConnectionClosedError, InferdError, error_from_frame
+from ._encode import encode_frame
+from .errors import AuthenticationError, ConnectError, ConnectionClosedError, InferdError, error_from_frame
 from .info import Plugins, Stats
 from .stream import Stream
 
@@ -25,6 +26,10 @@ FrameHook = Callable[[dict[str, Any]], None]
 """Called with every server frame, parsed from JSON, before it is dispatched."""
 
 _Item = dict[str, Any] | InferdError
+
+ORPHAN_GRACE_S = 1.0
+"""Seconds the client waits for the daemon to close the connection after an ``error``
+frame with ``id`` null before closing it itself."""
 
 
 class Client:
@@ -43,6 +48,9 @@ class Client:
         self._routes: dict[str, asyncio.Queue[_Item]] = {}
         self._closed_reason: str | None = None
         self._closing = False
+        self._closing_by_user = False
+        self._orphan_timer: asyncio.TimerHandle | None = None
+        self._closer: asyncio.Task[None] | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @property
@@ -89,7 +97,7 @@ class Client:
     async def close(self) -> None:
         """Closes the connection, which cancels its open requests (their streams raise
         :class:`~inferd.ConnectionClosedError`)."""
-        self._closing = True
+        self._closing = self._closing_by_user = True
         await self._ws.close()
         await self._reader
 
@@ -119,15 +127,22 @@ class Client:
         """Routes the frames about ``rid`` to a new queue, then sends ``frame``."""
         if self._closed_reason is not None:
             raise ConnectionClosedError(self._closed_reason, "connection_closed", rid)
+        text = encode_frame(frame)  # raises for NaN / infinity before anything is sent
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._routes[rid] = queue
         try:
-            await self._ws.send(json.dumps(frame))
+            await self._ws.send(text)
         except ConnectionClosed as exc:
             self._forget(rid)
             await self._reader  # ends with the connection, knowing why it closed
             raise ConnectionClosedError(str(self._closed_reason), "connection_closed", rid) from exc
         return queue
+
+    def _close_unattributable(self) -> None:
+        """Closes the connection after an error with ``id`` null (see :meth:`_read`)."""
+        if not self._closing:
+            self._closing = True
+            self._closer = asyncio.ensure_future(self._ws.close())
 
     def _forget(self, rid: str) -> None:
         """Drops ``rid``'s route: its later frames are ignored."""
@@ -137,14 +152,23 @@ class Client:
         """Sends ``cancel`` for ``rid`` unless the connection is gone (which cancelled it)."""
         if self._closed_reason is None:
             try:
-                await self._ws.send(json.dumps({"type": "cancel", "id": rid}))
+                await self._ws.send(encode_frame({"type": "cancel", "id": rid}))
             except ConnectionClosed:
                 pass
 
     async def _read(self) -> None:
         """Dispatches every server frame to its request's queue until the connection
-        ends, then fails the requests still open."""
-        orphan: dict[str, Any] | None = None  # the last error frame with id null
+        ends, then fails the requests still open.
+
+        An ``error`` frame with ``id`` null answers a client frame the daemon could not
+        attribute (too large, or not valid JSON). Some open request then never gets
+        its answer, and the client cannot tell which, so rather than leave it waiting
+        forever the client closes the connection unless the daemon does so within
+        :data:`ORPHAN_GRACE_S` (as it does after a too-large frame, with code 1009):
+        every open request raises :class:`~inferd.ConnectionClosedError` naming the
+        daemon's error.
+        """
+        orphan: dict[str, Any] | None = None  # the error frame with id null
         reason = "closed by the client"
         try:
             async for message in self._ws:
@@ -157,7 +181,13 @@ class Client:
                     queue.put_nowait(frame)
                 elif frame.get("type") == "error" and rid is None:
                     orphan = frame
-            if not self._closing:
+                    if self._orphan_timer is None:  # the daemon may be closing already
+                        self._orphan_timer = asyncio.get_running_loop().call_later(
+                            ORPHAN_GRACE_S, self._close_unattributable
+                        )
+            if self._orphan_timer is not None and self._closing and not self._closing_by_user:
+                reason = "closed by the client after an error the daemon could not attribute to a request"
+            elif not self._closing:
                 reason = f"closed by the daemon (code {self._ws.close_code}: {self._ws.close_reason!r})"
         except ConnectionClosed as exc:
             reason = f"connection lost: {exc}"
@@ -165,6 +195,8 @@ class Client:
             reason = f"connection dropped after {type(exc).__name__}: {exc}"
             await self._ws.close()
         finally:
+            if self._orphan_timer is not None:
+                self._orphan_timer.cancel()
             if orphan is not None:
                 reason += f"; the daemon's last error: {error_from_frame(orphan)!r}"
             self._closed_reason = reason
@@ -208,7 +240,13 @@ class Connect:
         except InvalidStatus as exc:
             if exc.response.status_code == 401:
                 raise _authentication_error(exc.response.body) from exc
-            raise
+            raise ConnectError(
+                f"cannot connect to {self._url}: the daemon answered HTTP {exc.response.status_code} "
+                "instead of a WebSocket upgrade (is the path /v1/ws?)"
+            ) from exc
+        except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise ConnectError(f"cannot connect to {self._url}: {detail}") from exc
         return Client(ws, self._on_frame)
 
 
@@ -223,8 +261,10 @@ def connect(
 
     ``api_key`` is sent as ``Authorization: Bearer …``; a daemon that refuses it
     raises :class:`~inferd.AuthenticationError`. ``on_frame`` sees every server frame
-    (e.g. to log or check it); an exception it raises drops the connection. Network
-    and other handshake failures raise ``OSError`` / ``websockets`` exceptions.
+    (e.g. to log or check it); an exception it raises drops the connection. A
+    malformed URL, a daemon that cannot be reached, a handshake that fails or times
+    out after ``open_timeout`` seconds raise :class:`~inferd.ConnectError` (the
+    original exception is its ``__cause__``).
     """
     return Connect(url, api_key, on_frame, open_timeout)
 

@@ -58,6 +58,15 @@ class AuthenticationError(InferdError):
     ``type`` is the body's error code (``"invalid_api_key"``)."""
 
 
+class ConnectError(InferdError):
+    """The connection could not be opened: a malformed URL, nothing listening, a
+    handshake that failed (e.g. HTTP 404 for a wrong path) or timed out. The message
+    names the URL and the cause; ``type`` is ``"connect_failed"``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "connect_failed")
+
+
 class ConnectionClosedError(InferdError):
     """The connection closed (or failed) while the request was open, or the client
     was used after it closed. Nothing reconnects by itself: open a new client.
