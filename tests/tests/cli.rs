@@ -400,13 +400,15 @@ async fn stats_and_plugins_for_people_and_for_scripts() {
 #[test]
 fn bad_input_is_reported_and_only_one_shot_gives_up() {
     let daemon = Daemon::start().expect("daemon");
-    // The CLI sends the number as a JSON float (-1.0).
-    let refused = "server error (validation): temperature must be >= 0 (got -1.0)";
+    // The CLI sends the number as written, so the message quotes the user's value.
+    let refused = "server error (validation): temperature must be >= 0 (got -1)";
 
-    // One-shot: the server's message, non-zero exit; --json also prints it as JSON.
+    // One-shot: the server's message, non-zero exit, nothing on stdout; --json also
+    // prints it as JSON.
     let out = run(&daemon, &["chat", "Hi", "--temperature", "-1"], "");
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(refused), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
     let out = run(
         &daemon,
         &["chat", "Hi", "--temperature", "-1", "--json"],
@@ -417,7 +419,7 @@ fn bad_input_is_reported_and_only_one_shot_gives_up() {
     assert_eq!(error[0]["error"]["type"], "validation");
     assert_eq!(
         error[0]["error"]["message"],
-        "temperature must be >= 0 (got -1.0)"
+        "temperature must be >= 0 (got -1)"
     );
 
     // Interactive: every turn is refused, the session goes on (the /system after the
@@ -455,4 +457,60 @@ fn bad_input_is_reported_and_only_one_shot_gives_up() {
     let out = run(&daemon, &["chat", "Hi", "--raw", "--json"], "");
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--raw and --json cannot be combined"));
+}
+
+/// A connection that cannot be opened: a clear message, status 1, and with `--json` one
+/// `{"error": ...}` object on stdout whose type says why.
+#[test]
+fn a_refused_key_or_a_missing_daemon_is_reported_on_stdout_with_json() {
+    let daemon = Daemon::start_with_env(&[("INFERD__SERVER__API_KEY", "secret")]).expect("daemon");
+    for (key, reason) in [
+        (None, "requires an API key"),
+        (Some("wrong"), "refused the API key"),
+    ] {
+        for args in [
+            &["--json", "chat", "Hi"][..],
+            &["stats", "--json"],
+            &["--json", "chat"],
+        ] {
+            let mut args = args.to_vec();
+            if let Some(key) = key {
+                args.extend(["--api-key", key]);
+            }
+            let out = run(&daemon, &args, "Hi\n");
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let lines = json_lines(&out);
+            assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+            assert_eq!(lines[0]["error"]["type"], "invalid_api_key", "{args:?}");
+            let message = format!("{} {reason} (HTTP 401)", daemon.url);
+            let got = lines[0]["error"]["message"].as_str().unwrap_or_default();
+            assert!(got.starts_with(&message), "{args:?}: {got}");
+            assert!(text(&out.stderr).contains(&message), "{args:?}");
+        }
+    }
+    // The right key works.
+    let out = run(&daemon, &["--json", "--api-key", "secret", "stats"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["type"], "stats");
+
+    // Nothing listening: a port that was free a moment ago.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("ws://127.0.0.1:{port}/v1/ws");
+    let out = Command::new(cli_path())
+        .args(["--url", &url, "--json", "plugins"])
+        .env_remove("INFERD_URL")
+        .env_remove("INFERD_API_KEY")
+        .output()
+        .expect("inferd-cli runs");
+    assert_eq!(out.status.code(), Some(1));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["error"]["type"], "connection");
+    let got = lines[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        got.starts_with(&format!("cannot connect to {url}: is inferd running?")),
+        "{got}"
+    );
 }

@@ -160,7 +160,7 @@ impl Tracker {
         let text_mode = self.render == Render::Text;
         match kind {
             "error" if for_us || frame.get("id").is_none_or(Value::is_null) => {
-                if text_mode {
+                if text_mode && !self.text.is_empty() {
                     // End a partially streamed answer before the error goes to stderr.
                     writeln!(out)?;
                 }
@@ -348,7 +348,14 @@ mod tests {
             server.to_json(),
             json!({"error": {"type": "validation", "message": "malformed JSON"}})
         );
-        assert_eq!(out, "\n");
+        assert_eq!(out, "", "nothing was streamed, so no line is ended");
+        // After some text, the line is ended before the error goes to stderr.
+        let (out, _, last) = feed(
+            &mut Tracker::new("cli-1", Render::Text),
+            &[FRAMES[0], FRAMES[1], frame],
+        );
+        assert!(last.is_err());
+        assert_eq!(out, "Hel\n");
         // Another request's error is not ours.
         let other = r#"{"type":"error","id":"x","error":{"type":"validation","message":"m"}}"#;
         let (_, _, last) = feed(&mut Tracker::new("cli-1", Render::Json), &[other]);

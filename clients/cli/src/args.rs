@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use serde_json::Number;
 
 /// Default endpoint of a local daemon.
 pub const DEFAULT_URL: &str = "ws://127.0.0.1:8080/v1/ws";
@@ -67,26 +68,26 @@ pub struct ChatArgs {
 }
 
 /// Options shared by `chat` and `complete`. Absent sampling values use the daemon's
-/// defaults; numbers are passed on as given (negative ones too): the daemon validates
-/// them and its message names the bound.
+/// defaults; numbers are passed on as written (negative ones too, `-1` stays an
+/// integer): the daemon validates them and its message names the bound.
 #[derive(Debug, Args, Clone, Default)]
 pub struct GenerateOptions {
     /// Maximum number of tokens to generate.
     #[arg(long)]
     pub max_tokens: Option<u64>,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, allow_negative_numbers = true)]
-    pub temperature: Option<f64>,
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    pub temperature: Option<Number>,
     /// Nucleus sampling: keep the most likely tokens up to this probability mass (1
     /// disables).
-    #[arg(long, allow_negative_numbers = true)]
-    pub top_p: Option<f64>,
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    pub top_p: Option<Number>,
     /// Keep the k most likely tokens (0 disables).
     #[arg(long)]
     pub top_k: Option<u64>,
     /// Drop tokens less likely than MIN_P times the most likely one (0 disables).
-    #[arg(long, allow_negative_numbers = true)]
-    pub min_p: Option<f64>,
+    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    pub min_p: Option<Number>,
     /// Do not end the answer before this many tokens (end-of-turn tokens are banned
     /// until then).
     #[arg(long)]
@@ -108,6 +109,14 @@ pub struct GenerateOptions {
     /// Print every protocol frame as received (one JSON per line) instead of the text.
     #[arg(long)]
     pub raw: bool,
+}
+
+/// A JSON number exactly as written on the command line (`-1` stays `-1`, not `-1.0`),
+/// so that the daemon's message quotes the value the user gave. `nan`, `inf` and other
+/// text that is not a JSON number are refused here, as JSON cannot carry them.
+fn number(text: &str) -> Result<Number, String> {
+    serde_json::from_str::<Number>(text.trim())
+        .map_err(|_| format!("must be a finite number such as 0.7 (got {text:?})"))
 }
 
 #[cfg(test)]
@@ -152,8 +161,8 @@ mod tests {
         let Command::Chat(chat) = cli.command else {
             panic!("chat expected");
         };
-        assert_eq!(chat.options.temperature, Some(-1.0));
-        assert_eq!(chat.options.top_p, Some(-0.5));
+        assert_eq!(chat.options.temperature, Some(Number::from(-1)));
+        assert_eq!(chat.options.top_p, Number::from_f64(-0.5));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! One WebSocket connection to the daemon: the handshake (with the API key and a clear
 //! message when it fails), sending JSON frames and reading text frames.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -22,6 +22,24 @@ pub struct Endpoint {
     pub api_key: Option<String>,
 }
 
+/// Why [`Connection::open`] failed; `--json` prints it as
+/// `{"error": {"type": TAG, "message": ...}}`.
+#[derive(Debug)]
+pub struct OpenError {
+    /// `invalid_api_key` for HTTP 401 (the daemon's own code), else `connection`.
+    pub tag: &'static str,
+    /// What went wrong, naming the URL.
+    pub message: String,
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
 /// An open connection.
 pub struct Connection {
     sink: SplitSink<Ws, Message>,
@@ -35,32 +53,40 @@ impl Connection {
     /// Opens a connection to `endpoint`; the error says whether the daemon is not
     /// there or refused the key.
     pub async fn open(endpoint: &Endpoint) -> Result<Self> {
-        let mut request = endpoint
-            .url
-            .as_str()
-            .into_client_request()
-            .with_context(|| format!("--url {}", endpoint.url))?;
+        let failed = |tag, message| OpenError { tag, message };
+        let mut request = endpoint.url.as_str().into_client_request().map_err(|e| {
+            failed(
+                "connection",
+                format!("--url {}: not a WebSocket URL ({e})", endpoint.url),
+            )
+        })?;
         if let Some(key) = &endpoint.api_key {
             let value = HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| anyhow!("--api-key must be printable ASCII"))?;
+                .map_err(|_| failed("connection", "--api-key must be printable ASCII".into()))?;
             request.headers_mut().insert("authorization", value);
         }
         let (ws, _) = tokio_tungstenite::connect_async(request)
             .await
             .map_err(|e| match e {
-                WsError::Http(r) if r.status() == 401 => anyhow!(
-                    "{} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
-                     INFERD_API_KEY",
-                    endpoint.url,
-                    if endpoint.api_key.is_some() {
-                        "refused the API key"
-                    } else {
-                        "requires an API key"
-                    }
+                WsError::Http(r) if r.status() == 401 => failed(
+                    "invalid_api_key",
+                    format!(
+                        "{} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
+                         INFERD_API_KEY",
+                        endpoint.url,
+                        if endpoint.api_key.is_some() {
+                            "refused the API key"
+                        } else {
+                            "requires an API key"
+                        }
+                    ),
                 ),
-                e => anyhow!(
-                    "cannot connect to {}: is inferd running? ({e})",
-                    endpoint.url
+                e => failed(
+                    "connection",
+                    format!(
+                        "cannot connect to {}: is inferd running? ({e})",
+                        endpoint.url
+                    ),
                 ),
             })?;
         let (sink, stream) = ws.split();

@@ -397,7 +397,6 @@ system prompt: Be brief.
 reply 4
 >>> /nope
 >>> fail
-
 >>> five
 reply 5
 >>> /exit

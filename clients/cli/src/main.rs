@@ -46,7 +46,9 @@
 //! `usage` and `timings` are the `done` frame's objects unchanged (`prompt_tokens`,
 //! `completion_tokens`, `cached_tokens`, `draft_tokens`, `accepted_draft_tokens`;
 //! `ttft_ms`, `decode_tokens_per_s`), or `{"error": {"type": TAG, "message": ...}}` for
-//! a server error (also on stderr, status 1). No stats line. An interactive session
+//! a server error (also on stderr, status 1); a connection that cannot be opened is
+//! `{"error": {"type": "invalid_api_key" | "connection", ...}}` (any subcommand), any
+//! other failure `{"error": {"type": "client", ...}}`. No stats line. An interactive session
 //! prints one such line per user turn (a connection lost mid-turn is
 //! `{"error": {"type": "connection", ...}}`) and nothing else on stdout: slash command
 //! output goes to stderr. `stats` and `plugins` print the server's frame as received.
@@ -90,14 +92,29 @@ fn main() -> ExitCode {
             )
             .exit();
     }
+    let json = cli.json;
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
+            // A server error was already printed as JSON where it was answered.
+            if json && !e.is::<answer::ServerError>() {
+                println!("{}", error_json(&e));
+            }
             let _ = std::io::stdout().flush();
             eprintln!("inferd-cli: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The `--json` form of a failure that is not a server error frame:
+/// `{"error": {"type": TAG, "message": ...}}`, with `invalid_api_key` or `connection`
+/// when the connection could not be opened, else `client`.
+fn error_json(e: &anyhow::Error) -> serde_json::Value {
+    let tag = e
+        .downcast_ref::<connection::OpenError>()
+        .map_or("client", |open| open.tag);
+    serde_json::json!({"error": {"type": tag, "message": format!("{e:#}")}})
 }
 
 /// Runs the subcommand.

@@ -35,10 +35,10 @@ pub fn generate(id: &str, input: Input, options: &GenerateOptions) -> Value {
         }
     };
     set("max_tokens", options.max_tokens.map(Value::from));
-    set("temperature", options.temperature.map(Value::from));
-    set("top_p", options.top_p.map(Value::from));
+    set("temperature", options.temperature.clone().map(Value::from));
+    set("top_p", options.top_p.clone().map(Value::from));
     set("top_k", options.top_k.map(Value::from));
-    set("min_p", options.min_p.map(Value::from));
+    set("min_p", options.min_p.clone().map(Value::from));
     set("min_tokens", options.min_tokens.map(Value::from));
     set(
         "stop",
@@ -64,6 +64,7 @@ pub fn query(kind: &str, id: &str) -> Value {
 mod tests {
     use super::*;
     use crate::args::{parse, Command};
+    use clap::Parser;
 
     fn chat_frame(args: &[&str]) -> Value {
         let Command::Chat(chat) = parse(args).command else {
@@ -138,6 +139,24 @@ mod tests {
         assert_eq!(frame["min_p"], json!(0.1));
         assert_eq!(frame["min_tokens"], json!(3));
         assert_eq!(frame["stop"], json!(["\n\n", "END"]));
+    }
+
+    #[test]
+    fn numbers_are_sent_as_written() {
+        let frame = chat_frame(&["chat", "hi", "--temperature", "-1", "--top-p", "1e-1"]);
+        assert_eq!(frame["temperature"].to_string(), "-1");
+        assert_eq!(frame["top_p"], json!(0.1));
+        for bad in ["nan", "inf", "Infinity", "0.5x", ""] {
+            let e = crate::args::Cli::try_parse_from(["inferd-cli", "chat", "hi", "--min-p", bad])
+                .expect_err(bad)
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "must be a finite number such as 0.7 (got {bad:?})"
+                )),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
