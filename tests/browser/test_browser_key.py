@@ -19,11 +19,13 @@ def test_a_wrong_key_is_refused_and_the_right_one_works(keyed_page: ChatPage) ->
     # Served without the key, but nothing else works without it.
     page.open(expect="refused")
     assert "this daemon needs an API key" in page.text_of("notice")
+    assert page.text_of("conn-text") == "Key needed"
 
     connect_with(page, "not-the-key")
     page.wait_conn("refused")
     wait_for("the refusal", lambda: "connection refused: check the API key" in page.text_of("notice"))
     assert "connection refused: check the API key" in page.text_of("key-status")
+    assert page.text_of("conn-text") == "Key refused"
     page.shot("8-key-refused")
 
     connect_with(page, API_KEY)

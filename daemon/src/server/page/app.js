@@ -96,7 +96,7 @@ async function connect() {
 
 function refuse(message) {
   state.refused = true;
-  setConn("refused", "Key refused");
+  setConn("refused", ui.key.value ? "Key refused" : "Key needed");
   ui.keyStatus.textContent = message;
   ui.keyStatus.classList.add("bad");
   showNotice(message);
@@ -227,6 +227,9 @@ function finish(a, f) {
   a.el.querySelector(".m-finish").dataset.reason = f.finish_reason;
   a.el.dataset.state = "done";
   a.el.dataset.finish = f.finish_reason;
+  // A stopped answer stays in the history as far as it got: the model sees what the
+  // transcript shows. (inferd-cli instead drops a cancelled turn: a terminal cannot
+  // take the printed text back.)
   state.history.push({ role: "user", content: a.userText }, { role: "assistant", content: a.text });
   endActive();
 }
