@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use super::bindings::SpecialTokenIds;
 use super::*;
+use crate::error::{ErrorKind, InferError};
+use crate::request::PluginSpec;
 
 /// Token ids of the synthetic vocabulary: 0..=255 are the single bytes, then words.
 const WORDS: &[&str] = &[
