@@ -27,6 +27,8 @@ HI = user("Hi")
             {"plugins": [{"name": "mirostat", "config": {"tau": float("nan")}}]},
             "plugins[0].config.tau must be a finite number (got nan)",
         ),
+        ({"stop": ["ok", "x\udc80y"]}, "stop[1] must be valid Unicode (got a lone surrogate '\\udc80' at index 1)"),
+        ({"stop": b"END"}, "stop must be a JSON value: string, number, boolean, null, list or dict (got bytes)"),
     ],
 )
 def test_non_finite_numbers_are_refused_before_sending(
@@ -58,6 +60,8 @@ def test_a_connection_that_cannot_be_opened_raises_connect_error(daemon: Daemon)
     cases = [
         (f"ws://127.0.0.1:{port}/v1/ws", f"cannot connect to ws://127.0.0.1:{port}/v1/ws: "),
         ("http://127.0.0.1:8080/v1/ws", "cannot connect to http://127.0.0.1:8080/v1/ws: "),
+        ("ws://127.0.0.1:99999/v1/ws", "cannot connect to ws://127.0.0.1:99999/v1/ws: Port out of range"),
+        ("ws://[::1/v1/ws", "cannot connect to ws://[::1/v1/ws: "),
         (
             f"ws://{daemon.addr}/v1/nope",
             f"cannot connect to ws://{daemon.addr}/v1/nope: the daemon answered HTTP 404 "
@@ -72,6 +76,9 @@ def test_a_connection_that_cannot_be_opened_raises_connect_error(daemon: Daemon)
             assert caught.value.message.startswith(prefix), caught.value.message
             assert (caught.value.type, caught.value.id) == ("connect_failed", None)
             assert caught.value.__cause__ is not None
+
+        with pytest.raises(inferd.ConnectError, match=r"^cannot connect to 123: the URL must be a string like ws://"):
+            await inferd.connect(123)  # type: ignore[arg-type]
 
     run(body())
     with pytest.raises(inferd.ConnectError, match=f"^cannot connect to ws://127.0.0.1:{port}/v1/ws: "):

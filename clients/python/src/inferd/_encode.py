@@ -12,34 +12,51 @@ from .errors import ValidationError
 def encode_frame(frame: dict[str, Any]) -> str:
     """``frame`` as compact JSON text.
 
-    NaN and ±infinity have no JSON form (RFC 8259 §6); Python's ``json`` would write
-    them as the bare words ``NaN`` / ``Infinity``, which the daemon can only answer
-    with a ``malformed JSON`` error that names no request. So they raise a
+    NaN and ±infinity have no JSON form (RFC 8259 §6) and a lone surrogate has no
+    UTF-8 form; Python's ``json`` would write them anyway (``NaN``, ``\\udc80``), and
+    the daemon could only answer with a ``malformed JSON`` error that names no request.
+    So they, and values JSON has no type for (bytes, sets, objects), raise a
     :class:`~inferd.ValidationError` here, naming the field the way the daemon does
-    (``temperature``, ``logit_bias["42"]``, ``plugins[0].config.tau``), with the frame's id.
-    A value ``json`` cannot serialise at all (e.g. a set) raises its ``TypeError``.
+    (``temperature``, ``logit_bias["42"]``, ``messages[0].content``), with the frame's id.
     """
-    path = _non_finite(frame, "")
-    if path is not None:
-        where, value = path
-        raise ValidationError(f"{where} must be a finite number (got {value})", "validation", frame.get("id"))
-    return json.dumps(frame, allow_nan=False, separators=(",", ":"))
+    problem = _unsendable(frame, "")
+    if problem is not None:
+        raise ValidationError(problem, "validation", frame.get("id"))
+    return json.dumps(frame, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
-def _non_finite(value: Any, where: str) -> tuple[str, float] | None:
-    """The path and value of the first NaN or infinite float inside ``value``."""
+def _unsendable(value: Any, where: str) -> str | None:
+    """Why the first value inside ``value`` that JSON (or the daemon's UTF-8) cannot
+    carry cannot be sent, naming its path; ``None`` when everything can be."""
+    if value is None or isinstance(value, (bool, int)):
+        return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else (where, value)
+        return None if math.isfinite(value) else f"{where} must be a finite number (got {value})"
+    if isinstance(value, str):
+        return _not_unicode(value, where)
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _non_finite(item, _member(where, str(key)))
-            if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
+            if not isinstance(key, str):
+                return f"{where or 'the frame'} has a key {key!r} that is not a string"
+            problem = _not_unicode(key, f"{where} key") or _unsendable(item, _member(where, key))
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            found = _non_finite(item, f"{where}[{i}]")
-            if found is not None:
-                return found
+            problem = _unsendable(item, f"{where}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+    return f"{where} must be a JSON value: string, number, boolean, null, list or dict (got {type(value).__name__})"
+
+
+def _not_unicode(text: str, where: str) -> str | None:
+    """A lone surrogate (e.g. from ``surrogateescape``) has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{where} must be valid Unicode (got a lone surrogate {text[e.start]!r} at index {e.start})"
     return None
 
 

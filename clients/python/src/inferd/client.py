@@ -230,6 +230,8 @@ class Connect:
             await self._client.close()
 
     async def _open(self) -> Client:
+        if not isinstance(self._url, str):
+            raise ConnectError(f"cannot connect to {self._url!r}: the URL must be a string like {DEFAULT_URL}")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key is not None else None
         try:
             # Frames are as large as the requests the caller makes (e.g. echoed
@@ -244,7 +246,8 @@ class Connect:
                 f"cannot connect to {self._url}: the daemon answered HTTP {exc.response.status_code} "
                 "instead of a WebSocket upgrade (is the path /v1/ws?)"
             ) from exc
-        except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+        except (OSError, WebSocketException, asyncio.TimeoutError, ValueError) as exc:
+            # ValueError: a port out of range or not a number, a malformed IPv6 host.
             detail = str(exc) or type(exc).__name__
             raise ConnectError(f"cannot connect to {self._url}: {detail}") from exc
         return Client(ws, self._on_frame)
