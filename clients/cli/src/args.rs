@@ -73,30 +73,30 @@ pub struct ChatArgs {
 #[derive(Debug, Args, Clone, Default)]
 pub struct GenerateOptions {
     /// Maximum number of tokens to generate.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_tokens: Option<u64>,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    #[arg(long, allow_hyphen_values = true, value_parser = number)]
     pub temperature: Option<Number>,
     /// Nucleus sampling: keep the most likely tokens up to this probability mass (1
     /// disables).
-    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    #[arg(long, allow_hyphen_values = true, value_parser = number)]
     pub top_p: Option<Number>,
     /// Keep the k most likely tokens (0 disables).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<u64>,
     /// Drop tokens less likely than MIN_P times the most likely one (0 disables).
-    #[arg(long, allow_negative_numbers = true, value_parser = number)]
+    #[arg(long, allow_hyphen_values = true, value_parser = number)]
     pub min_p: Option<Number>,
     /// Do not end the answer before this many tokens (end-of-turn tokens are banned
     /// until then).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub min_tokens: Option<u64>,
     /// A stop sequence: generation ends before it (repeatable, up to 16).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
     /// Seed for reproducible sampling.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Bypass the daemon's prefix cache: neither reuse cached K/V nor store this
     /// prompt's blocks (sends `"cache": false`; the output is the same).

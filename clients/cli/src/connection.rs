@@ -26,7 +26,8 @@ pub struct Endpoint {
 /// `{"error": {"type": TAG, "message": ...}}`.
 #[derive(Debug)]
 pub struct OpenError {
-    /// `invalid_api_key` for HTTP 401 (the daemon's own code), else `connection`.
+    /// `invalid_api_key` for HTTP 401 (the daemon's own code), `client` for a bad
+    /// `--url` or `--api-key`, else `connection`.
     pub tag: &'static str,
     /// What went wrong, naming the URL.
     pub message: String,
@@ -54,15 +55,43 @@ impl Connection {
     /// there or refused the key.
     pub async fn open(endpoint: &Endpoint) -> Result<Self> {
         let failed = |tag, message| OpenError { tag, message };
-        let mut request = endpoint.url.as_str().into_client_request().map_err(|e| {
-            failed(
-                "connection",
-                format!("--url {}: not a WebSocket URL ({e})", endpoint.url),
+        let url = &endpoint.url;
+        let mut request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| failed("client", format!("--url {url}: not a WebSocket URL ({e})")))?;
+        // http's Uri keeps a port it cannot read as u16, and tungstenite then dials the
+        // scheme's default port (80) instead: refuse it here.
+        let scheme = request.uri().scheme_str().unwrap_or("");
+        if !matches!(scheme, "ws" | "wss") {
+            return Err(failed(
+                "client",
+                format!("--url {url}: the scheme must be ws or wss (got {scheme:?})"),
             )
-        })?;
+            .into());
+        }
+        let authority = request.uri().authority().map_or("", |a| a.as_str());
+        let port = authority
+            .rsplit_once(':')
+            .map(|(_, port)| port)
+            .filter(|port| !port.contains(']')); // "[::1]" has no port
+        if let Some(port) = port.filter(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+            return Err(failed(
+                "client",
+                format!("--url {url}: the port must be 1 to 65535 (got {port})"),
+            )
+            .into());
+        }
         if let Some(key) = &endpoint.api_key {
             let value = HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| failed("connection", "--api-key must be printable ASCII".into()))?;
+                .ok()
+                .filter(|_| key.bytes().all(|b| b.is_ascii_graphic()))
+                .ok_or_else(|| {
+                    failed(
+                        "client",
+                        "--api-key must be printable ASCII without spaces".into(),
+                    )
+                })?;
             request.headers_mut().insert("authorization", value);
         }
         let (ws, _) = tokio_tungstenite::connect_async(request)
@@ -71,9 +100,8 @@ impl Connection {
                 WsError::Http(r) if r.status() == 401 => failed(
                     "invalid_api_key",
                     format!(
-                        "{} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
+                        "{url} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
                          INFERD_API_KEY",
-                        endpoint.url,
                         if endpoint.api_key.is_some() {
                             "refused the API key"
                         } else {
@@ -81,12 +109,18 @@ impl Connection {
                         }
                     ),
                 ),
-                e => failed(
+                WsError::Http(r) => failed(
                     "connection",
                     format!(
-                        "cannot connect to {}: is inferd running? ({e})",
-                        endpoint.url
+                        "cannot connect to {url}: the server answered HTTP {} instead of a \
+                         WebSocket upgrade (is the path /v1/ws?)",
+                        r.status()
                     ),
+                ),
+                WsError::Url(e) => failed("client", format!("--url {url}: {e}")),
+                e => failed(
+                    "connection",
+                    format!("cannot connect to {url}: is inferd running? ({e})"),
                 ),
             })?;
         let (sink, stream) = ws.split();
@@ -119,5 +153,50 @@ impl Connection {
     /// Closes the connection politely; best effort (the work is done either way).
     pub async fn close(mut self) {
         let _ = self.sink.send(Message::Close(None)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn open_error(url: &str, api_key: Option<&str>) -> OpenError {
+        let endpoint = Endpoint {
+            url: url.into(),
+            api_key: api_key.map(Into::into),
+        };
+        match Connection::open(&endpoint).await {
+            Ok(_) => panic!("{url} opened"),
+            Err(e) => e.downcast::<OpenError>().expect("an OpenError"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_urls_and_keys_are_refused_before_dialing() {
+        // Without the check, tungstenite would dial port 80 for these.
+        for (port, url) in [
+            ("99999", "ws://127.0.0.1:99999/v1/ws"),
+            ("0", "ws://127.0.0.1:0/v1/ws"),
+        ] {
+            let e = open_error(url, None).await;
+            assert_eq!(e.tag, "client", "{}", e.message);
+            assert_eq!(
+                e.message,
+                format!("--url {url}: the port must be 1 to 65535 (got {port})")
+            );
+        }
+        let e = open_error("http://127.0.0.1:1/v1/ws", None).await;
+        assert_eq!(e.tag, "client", "{}", e.message);
+        assert_eq!(
+            e.message,
+            "--url http://127.0.0.1:1/v1/ws: the scheme must be ws or wss (got \"http\")"
+        );
+        for key in ["s\u{e9}cret", "sec ret", "sec\nret"] {
+            let e = open_error("ws://127.0.0.1:1/v1/ws", Some(key)).await;
+            assert_eq!(
+                (e.tag, e.message.as_str()),
+                ("client", "--api-key must be printable ASCII without spaces")
+            );
+        }
     }
 }

@@ -47,8 +47,9 @@
 //! `completion_tokens`, `cached_tokens`, `draft_tokens`, `accepted_draft_tokens`;
 //! `ttft_ms`, `decode_tokens_per_s`), or `{"error": {"type": TAG, "message": ...}}` for
 //! a server error (also on stderr, status 1); a connection that cannot be opened is
-//! `{"error": {"type": "invalid_api_key" | "connection", ...}}` (any subcommand), any
-//! other failure `{"error": {"type": "client", ...}}`. No stats line. An interactive session
+//! `{"error": {"type": "invalid_api_key" | "connection", ...}}` (any subcommand), a bad
+//! `--url` or `--api-key` and any other failure `{"error": {"type": "client", ...}}`.
+//! No stats line. An interactive session
 //! prints one such line per user turn (a connection lost mid-turn is
 //! `{"error": {"type": "connection", ...}}`) and nothing else on stdout: slash command
 //! output goes to stderr. `stats` and `plugins` print the server's frame as received.
@@ -108,7 +109,7 @@ fn main() -> ExitCode {
 }
 
 /// The `--json` form of a failure that is not a server error frame:
-/// `{"error": {"type": TAG, "message": ...}}`, with `invalid_api_key` or `connection`
+/// `{"error": {"type": TAG, "message": ...}}`, with the [`connection::OpenError`]'s tag
 /// when the connection could not be opened, else `client`.
 fn error_json(e: &anyhow::Error) -> serde_json::Value {
     let tag = e

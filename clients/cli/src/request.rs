@@ -146,7 +146,7 @@ mod tests {
         let frame = chat_frame(&["chat", "hi", "--temperature", "-1", "--top-p", "1e-1"]);
         assert_eq!(frame["temperature"].to_string(), "-1");
         assert_eq!(frame["top_p"], json!(0.1));
-        for bad in ["nan", "inf", "Infinity", "0.5x", ""] {
+        for bad in ["nan", "inf", "-inf", "Infinity", "0.5x", ""] {
             let e = crate::args::Cli::try_parse_from(["inferd-cli", "chat", "hi", "--min-p", bad])
                 .expect_err(bad)
                 .to_string();
@@ -156,6 +156,16 @@ mod tests {
                 )),
                 "{bad}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn negative_counts_are_refused_as_values_not_taken_for_flags() {
+        for flag in ["--top-k", "--seed", "--max-tokens", "--min-tokens"] {
+            let e = crate::args::Cli::try_parse_from(["inferd-cli", "chat", "hi", flag, "-1"])
+                .expect_err(flag)
+                .to_string();
+            assert!(e.contains("invalid value '-1'"), "{flag}: {e}");
         }
     }
 
