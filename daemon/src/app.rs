@@ -793,8 +793,9 @@ fn open_prefix_store(
 /// When the Wasm engine cannot start or the directory exists but cannot be read.
 fn load_plugins(settings: &Settings, vocab: Arc<PluginVocab>) -> anyhow::Result<PluginRegistry> {
     let started = std::time::Instant::now();
-    let (registry, errors) =
-        PluginRegistry::load_dir(&settings.plugins.dir, vocab, settings.plugins.limits())?;
+    let (registry, errors) = PluginRegistry::empty(vocab, settings.plugins.limits())?
+        .with_overrides(settings.plugins.overrides())
+        .load_all(&settings.plugins.dir)?;
     for e in &errors {
         tracing::error!(file = %e.path.display(), reason = %e.reason, "plugin not loaded");
     }

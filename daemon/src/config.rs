@@ -4,6 +4,7 @@
 //! Every key is documented in `configs/inferd.toml`. Unknown keys and invalid values
 //! stop start-up with a message naming the key.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -137,6 +138,15 @@ where
     }
     let v = d.deserialize_any(Whole)?;
     T::try_from(v).map_err(|_| de::Error::custom(format!("{v} is too large")))
+}
+
+/// [`whole_number`] for a setting that may be left out (`None`).
+fn whole_number_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    whole_number(d).map(Some)
 }
 
 /// Marks a deserialization message that [`Settings::load`] turns into
@@ -329,6 +339,34 @@ pub struct PluginsConfig {
     /// `log` lines kept per request and plugin; the rest are dropped and counted.
     #[serde(deserialize_with = "whole_number")]
     pub log_lines_per_request: u32,
+    /// Most core instances, tables and memories one plugin instance may create (an
+    /// interpreter built by componentize-py needs about 40).
+    #[serde(deserialize_with = "whole_number")]
+    pub instances: u32,
+    /// `[plugins.limits.NAME]`: the limits of the plugin named NAME (its `info` name);
+    /// each field left out takes the value above.
+    pub limits: BTreeMap<String, PluginLimitOverrides>,
+}
+
+/// One `[plugins.limits.NAME]` table: any of the `[plugins]` limits, for one plugin.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginLimitOverrides {
+    /// `call_deadline_ms` for this plugin.
+    #[serde(deserialize_with = "whole_number_opt")]
+    pub call_deadline_ms: Option<u64>,
+    /// `configure_deadline_ms` for this plugin.
+    #[serde(deserialize_with = "whole_number_opt")]
+    pub configure_deadline_ms: Option<u64>,
+    /// `memory_bytes` for this plugin.
+    #[serde(deserialize_with = "whole_number_opt")]
+    pub memory_bytes: Option<u64>,
+    /// `log_lines_per_request` for this plugin.
+    #[serde(deserialize_with = "whole_number_opt")]
+    pub log_lines_per_request: Option<u32>,
+    /// `instances` for this plugin.
+    #[serde(deserialize_with = "whole_number_opt")]
+    pub instances: Option<u32>,
 }
 
 impl Default for PluginsConfig {
@@ -340,6 +378,8 @@ impl Default for PluginsConfig {
             configure_deadline_ms: d.configure_deadline.as_millis() as u64,
             memory_bytes: d.memory_bytes as u64,
             log_lines_per_request: d.log_lines_per_request,
+            instances: d.instances as u32,
+            limits: BTreeMap::new(),
         }
     }
 }
@@ -352,8 +392,70 @@ impl PluginsConfig {
             configure_deadline: std::time::Duration::from_millis(self.configure_deadline_ms),
             memory_bytes: usize::try_from(self.memory_bytes).unwrap_or(usize::MAX),
             log_lines_per_request: self.log_lines_per_request,
+            instances: self.instances as usize,
             ..Default::default()
         }
+    }
+
+    /// The limits of each plugin with a `[plugins.limits.NAME]` table, by name.
+    pub fn overrides(&self) -> BTreeMap<String, crate::sampling::wasm_plugin::PluginLimits> {
+        self.limits
+            .iter()
+            .map(|(name, o)| (name.clone(), self.with(o).limits()))
+            .collect()
+    }
+
+    /// These settings with `o`'s fields in place of the global ones.
+    fn with(&self, o: &PluginLimitOverrides) -> PluginsConfig {
+        PluginsConfig {
+            dir: self.dir.clone(),
+            call_deadline_ms: o.call_deadline_ms.unwrap_or(self.call_deadline_ms),
+            configure_deadline_ms: o
+                .configure_deadline_ms
+                .unwrap_or(self.configure_deadline_ms),
+            memory_bytes: o.memory_bytes.unwrap_or(self.memory_bytes),
+            log_lines_per_request: o
+                .log_lines_per_request
+                .unwrap_or(self.log_lines_per_request),
+            instances: o.instances.unwrap_or(self.instances),
+            limits: BTreeMap::new(),
+        }
+    }
+
+    /// Checks every limit, `prefix` naming the table (`plugins` or
+    /// `plugins.limits.NAME`).
+    fn check_limits(&self, prefix: &str) -> Result<(), String> {
+        if !(1..=10_000).contains(&self.call_deadline_ms) {
+            return Err(format!(
+                "{prefix}.call_deadline_ms must be in [1, 10000] (got {})",
+                self.call_deadline_ms
+            ));
+        }
+        if !(1..=60_000).contains(&self.configure_deadline_ms) {
+            return Err(format!(
+                "{prefix}.configure_deadline_ms must be in [1, 60000] (got {})",
+                self.configure_deadline_ms
+            ));
+        }
+        if !((4 << 20)..=(4u64 << 30)).contains(&self.memory_bytes) {
+            return Err(format!(
+                "{prefix}.memory_bytes must be in [4194304, 4294967296] (got {})",
+                self.memory_bytes
+            ));
+        }
+        if self.log_lines_per_request > 1_000_000 {
+            return Err(format!(
+                "{prefix}.log_lines_per_request must be in [0, 1000000] (got {})",
+                self.log_lines_per_request
+            ));
+        }
+        if !(1..=1000).contains(&self.instances) {
+            return Err(format!(
+                "{prefix}.instances must be in [1, 1000] (got {})",
+                self.instances
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -647,29 +749,21 @@ impl Settings {
             ));
         }
         let p = &self.plugins;
-        if !(1..=10_000).contains(&p.call_deadline_ms) {
-            return bad(format!(
-                "plugins.call_deadline_ms must be in [1, 10000] (got {})",
-                p.call_deadline_ms
-            ));
-        }
-        if !(1..=60_000).contains(&p.configure_deadline_ms) {
-            return bad(format!(
-                "plugins.configure_deadline_ms must be in [1, 60000] (got {})",
-                p.configure_deadline_ms
-            ));
-        }
-        if !((4 << 20)..=(4u64 << 30)).contains(&p.memory_bytes) {
-            return bad(format!(
-                "plugins.memory_bytes must be in [4194304, 4294967296] (got {})",
-                p.memory_bytes
-            ));
-        }
-        if p.log_lines_per_request > 1_000_000 {
-            return bad(format!(
-                "plugins.log_lines_per_request must be in [0, 1000000] (got {})",
-                p.log_lines_per_request
-            ));
+        p.check_limits("plugins").map_err(ConfigError)?;
+        for (name, o) in &p.limits {
+            let valid = (1..=64).contains(&name.len())
+                && name.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !valid {
+                return bad(format!(
+                    "plugins.limits.{name}: a plugin name is 1 to 64 characters from a-z, 0-9, \
+                     '_' and '-'"
+                ));
+            }
+            p.with(o)
+                .check_limits(&format!("plugins.limits.{name}"))
+                .map_err(ConfigError)?;
         }
         let ps = &self.prefix_store;
         if ps.enabled && ps.path.as_os_str().is_empty() {
@@ -753,6 +847,54 @@ mod tests {
         let s = Settings::load(Some(&p), &cli).expect("load");
         assert_eq!(s.server.listen, "127.0.0.1:1");
         assert_eq!(s.model.path, PathBuf::from("/m.gguf"));
+    }
+
+    #[test]
+    fn a_plugin_gets_limits_of_its_own() {
+        let p = write(
+            "plugin-limits.toml",
+            "[plugins]\ncall_deadline_ms = 20\n[plugins.limits.py_ban]\ncall_deadline_ms = 50\n\
+             memory_bytes = 268435456\ninstances = 64\n",
+        );
+        let s = Settings::load(Some(&p), &CliOverrides::default()).expect("load");
+        let own = &s.plugins.overrides()["py_ban"];
+        assert_eq!(own.call_deadline, std::time::Duration::from_millis(50));
+        assert_eq!((own.memory_bytes, own.instances), (256 << 20, 64));
+        // Fields left out take the [plugins] values.
+        assert_eq!(
+            own.configure_deadline,
+            s.plugins.limits().configure_deadline
+        );
+        assert_eq!(
+            s.plugins.limits().call_deadline,
+            std::time::Duration::from_millis(20)
+        );
+        for (text, want) in [
+            (
+                "[plugins.limits.py_ban]\ncall_deadline_ms = 0\n",
+                "plugins.limits.py_ban.call_deadline_ms must be in [1, 10000] (got 0)",
+            ),
+            (
+                "[plugins.limits.py_ban]\ninstances = 5000\n",
+                "plugins.limits.py_ban.instances must be in [1, 1000] (got 5000)",
+            ),
+            (
+                "[plugins]\ninstances = 0\n",
+                "plugins.instances must be in [1, 1000] (got 0)",
+            ),
+            (
+                "[plugins.limits.Py]\ninstances = 5\n",
+                "plugins.limits.Py: a plugin name is 1 to 64 characters",
+            ),
+            (
+                "[plugins.limits.py_ban]\nmemory = 5\n",
+                "unknown field `memory`",
+            ),
+        ] {
+            let p = write("plugin-limits-bad.toml", text);
+            let e = Settings::load(Some(&p), &CliOverrides::default()).expect_err(text);
+            assert!(e.to_string().contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -57,5 +57,11 @@ def test_plugins_are_typed(daemon: Daemon, check: FrameChecker) -> None:
     assert {"ban_words", "mirostat", "noop", "trap"} <= set(by_name)
     assert by_name["mirostat"].world == "sampler" and by_name["ban_words"].world == "logits-processor"
     assert by_name["ban_words"].file == "ban_words.wasm" and by_name["ban_words"].interface == p.interface
+    # The test profile's limits (configs/test.toml) and the daemon's own measurements.
+    assert by_name["ban_words"].limits == inferd.PluginLimits(200.0, 5000.0, 64 << 20, 16)
+    cost = by_name["ban_words"].cost
+    assert cost is not None and cost.instantiations >= 1 and cost.instantiate_ms_mean > 0
     (frame,) = [f for f in check.frames if f["type"] == "plugins"]
     assert all(set(x) == {f.name for f in dataclasses.fields(inferd.PluginInfo)} for x in frame["plugins"])
+    assert all(set(x["limits"]) == {f.name for f in dataclasses.fields(inferd.PluginLimits)} for x in frame["plugins"])
+    assert all(set(x["cost"]) == {f.name for f in dataclasses.fields(inferd.PluginCost)} for x in frame["plugins"])

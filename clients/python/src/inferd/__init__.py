@@ -22,7 +22,7 @@ from .errors import (
     ValidationError,
 )
 from .events import Delta, Done, Echo, Event, Started, Timings, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from .info import PluginInfo, Plugins, PrefixCacheStats, SpeculativeStats, Stats
+from .info import PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
 from .stream import Stream
 from .sync import SyncClient, SyncStream, connect_sync
 
@@ -42,7 +42,9 @@ __all__ = [
     "InferdError",
     "InternalError",
     "OverloadedError",
+    "PluginCost",
     "PluginInfo",
+    "PluginLimits",
     "PluginTrapError",
     "Plugins",
     "PrefixCacheStats",

@@ -89,6 +89,42 @@ class PluginInfo:
     interface: str
     """The WIT package version the plugin was built against."""
     file: str
+    limits: PluginLimits | None = None
+    """The sandbox limits its instances run under (``None`` from an older daemon)."""
+    cost: PluginCost | None = None
+    """What it has cost since the daemon started (``None`` from an older daemon)."""
+
+
+@dataclass(frozen=True)
+class PluginLimits:
+    """A plugin's sandbox limits: ``[plugins]`` or its own ``[plugins.limits.NAME]``."""
+
+    call_deadline_ms: float
+    configure_deadline_ms: float
+    memory_bytes: int
+    instances: int
+
+
+@dataclass(frozen=True)
+class PluginCost:
+    """A plugin's measured cost since start-up."""
+
+    instantiations: int
+    instantiate_ms_mean: float
+    calls: int
+    call_us_mean: float
+    """Mean wall-clock time of one ``process`` / ``sample`` call, microseconds."""
+    memory_bytes_peak: int
+
+
+def _plugin(data: dict[str, Any]) -> PluginInfo:
+    limits, cost = data.get("limits"), data.get("cost")
+    return known_fields(
+        PluginInfo,
+        data,
+        limits=known_fields(PluginLimits, limits) if isinstance(limits, dict) else None,
+        cost=known_fields(PluginCost, cost) if isinstance(cost, dict) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -101,4 +137,4 @@ class Plugins:
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Plugins:
         """Parses a ``plugins`` frame."""
-        return cls(frame["interface"], [known_fields(PluginInfo, p) for p in frame["plugins"]])
+        return cls(frame["interface"], [_plugin(p) for p in frame["plugins"]])

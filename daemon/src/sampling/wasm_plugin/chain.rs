@@ -1,7 +1,7 @@
 //! [`PluginChain`]: the plugins of one request, run at every step.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::Instant;
 
 use super::apply_edit;
 use super::bindings::{LogitsEdit, StepContext};
@@ -24,7 +24,6 @@ pub struct StepView<'a> {
 pub struct PluginChain {
     pub(super) processors: Vec<PluginInstance>,
     pub(super) sampler: Option<PluginInstance>,
-    pub(super) call_deadline: Duration,
     /// Reused across steps (its `generated` list is refilled, not reallocated).
     pub(super) step_ctx: StepContext,
 }
@@ -71,18 +70,20 @@ impl PluginChain {
             return Ok(());
         }
         self.fill_ctx(step);
-        let deadline = self.call_deadline;
         for inst in &mut self.processors {
+            let deadline = inst.call_deadline;
             inst.store.set_epoch_deadline(ticks(deadline));
             let Some(Exports::Processor(p)) = &inst.exports else {
                 return Err(InferError::internal("processor instance without exports"));
             };
             let call = ActiveCall::start(&inst.ticker);
+            let started = Instant::now();
             let res = p.inferd_plugin_logits_processor().call_process(
                 &mut inst.store,
                 &self.step_ctx,
                 logits,
             );
+            inst.cost.called(started.elapsed());
             drop(call);
             let edit: LogitsEdit = match res {
                 Ok(Ok(edit)) => edit,
@@ -123,20 +124,22 @@ impl PluginChain {
             ));
         }
         self.fill_ctx(step);
-        let deadline = self.call_deadline;
         let Some(inst) = self.sampler.as_mut() else {
             return Err(InferError::internal(
                 "PluginChain::sample without a sampler",
             ));
         };
+        let deadline = inst.call_deadline;
         inst.store.set_epoch_deadline(ticks(deadline));
         let Some(Exports::Sampler(s)) = &inst.exports else {
             return Err(InferError::internal("sampler instance without exports"));
         };
         let call = ActiveCall::start(&inst.ticker);
+        let started = Instant::now();
         let res =
             s.inferd_plugin_sampler()
                 .call_sample(&mut inst.store, &self.step_ctx, logits, random);
+        inst.cost.called(started.elapsed());
         drop(call);
         let token = match res {
             Ok(Ok(t)) => t,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{LogitsProcessorPlugin, PluginInfo, SamplerPlugin};
+use super::cost::PluginCost;
 use super::host::HostState;
 use super::ticker::{ticks, ActiveCall, TickerShared};
 use crate::error::{ErrorKind, InferError};
@@ -24,10 +25,15 @@ pub(super) struct PluginInstance {
     pub(super) store: Store<HostState>,
     pub(super) exports: Option<Exports>,
     pub(super) ticker: Arc<TickerShared>,
+    /// Deadline of one `process` / `sample` call (this plugin's limits).
+    pub(super) call_deadline: Duration,
+    /// The plugin's running cost, shared with the registry.
+    pub(super) cost: Arc<PluginCost>,
 }
 
 impl Drop for PluginInstance {
     fn drop(&mut self) {
+        self.cost.memory(self.store.data().limiter.memory_peak);
         let dropped = self.store.data().logs_dropped;
         if dropped > 0 {
             tracing::warn!(plugin = %self.label, dropped, "plugin log lines dropped (rate limit)");

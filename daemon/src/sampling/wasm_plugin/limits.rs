@@ -1,6 +1,7 @@
 //! The sandbox's limits: [`PluginLimits`] from the `[plugins]` configuration, and the
 //! per-store [`Limiter`] that enforces memory, table and instance bounds.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::ResourceLimiter;
@@ -40,6 +41,11 @@ impl Default for PluginLimits {
 /// reported as "broke its memory limit" rather than a bare trap.
 pub(super) struct Limiter {
     pub(super) memory_bytes: usize,
+    /// The setting `memory_bytes` came from, for the breach message
+    /// (`plugins.memory_bytes` or `plugins.limits.NAME.memory_bytes`).
+    pub(super) memory_setting: Arc<str>,
+    /// Largest linear memory this store grew to, bytes.
+    pub(super) memory_peak: usize,
     pub(super) table_elements: usize,
     pub(super) instances: usize,
     pub(super) breach: Option<String>,
@@ -55,12 +61,13 @@ impl ResourceLimiter for Limiter {
         if desired > self.memory_bytes {
             let msg = format!(
                 "broke its memory limit: tried to grow linear memory from {current} to \
-                 {desired} bytes; plugins.memory_bytes = {}",
-                self.memory_bytes
+                 {desired} bytes; {} = {}",
+                self.memory_setting, self.memory_bytes
             );
             self.breach.get_or_insert(msg.clone());
             return Err(wasmtime::Error::msg(msg));
         }
+        self.memory_peak = self.memory_peak.max(desired);
         Ok(true)
     }
 
@@ -93,4 +100,43 @@ impl ResourceLimiter for Limiter {
     fn memories(&self) -> usize {
         self.instances
     }
+}
+
+impl PluginLimits {
+    /// Limits at least as loose as each of `all` in every respect: the load-time probe
+    /// of a plugin runs under them, as its name (which picks its own limits) is known
+    /// only once its `info` has answered.
+    pub fn loosest<'a>(all: impl IntoIterator<Item = &'a PluginLimits>) -> Option<PluginLimits> {
+        all.into_iter().cloned().reduce(|a, b| PluginLimits {
+            call_deadline: a.call_deadline.max(b.call_deadline),
+            configure_deadline: a.configure_deadline.max(b.configure_deadline),
+            memory_bytes: a.memory_bytes.max(b.memory_bytes),
+            table_elements: a.table_elements.max(b.table_elements),
+            instances: a.instances.max(b.instances),
+            log_lines_per_request: a.log_lines_per_request.max(b.log_lines_per_request),
+        })
+    }
+
+    /// The figures the `plugins` message reports.
+    pub fn snapshot(&self) -> PluginLimitsSnapshot {
+        PluginLimitsSnapshot {
+            call_deadline_ms: self.call_deadline.as_secs_f64() * 1e3,
+            configure_deadline_ms: self.configure_deadline.as_secs_f64() * 1e3,
+            memory_bytes: self.memory_bytes as u64,
+            instances: self.instances as u64,
+        }
+    }
+}
+
+/// A plugin's limits as the `plugins` message lists them (`limits`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct PluginLimitsSnapshot {
+    /// Deadline of one `process` / `sample` call, milliseconds.
+    pub call_deadline_ms: f64,
+    /// Deadline of `info` and `configure`, milliseconds.
+    pub configure_deadline_ms: f64,
+    /// Largest linear memory of one instance, bytes.
+    pub memory_bytes: u64,
+    /// Most core instances, tables and memories of one instance.
+    pub instances: u64,
 }

@@ -30,6 +30,7 @@
 pub mod actor;
 mod bindings;
 mod chain;
+mod cost;
 mod edit;
 mod host;
 mod instance;
@@ -43,8 +44,9 @@ use std::time::Duration;
 /// Special token ids for [`PluginVocab::new`].
 pub use bindings::SpecialTokenIds as PluginSpecialTokens;
 pub use chain::{PluginChain, StepView};
+pub use cost::PluginCostSnapshot;
 pub use edit::apply_edit;
-pub use limits::PluginLimits;
+pub use limits::{PluginLimits, PluginLimitsSnapshot};
 pub use registry::{LoadError, PluginRegistry};
 pub use vocab::PluginVocab;
 
@@ -66,7 +68,7 @@ pub enum PluginWorld {
 }
 
 /// A loaded plugin as the `plugins` message lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PluginDescription {
     /// The name requests use (from the plugin's `info`).
     pub name: String,
@@ -81,6 +83,11 @@ pub struct PluginDescription {
     /// The component's file name in `plugins.dir` (not the full path: every client
     /// sees it).
     pub file: String,
+    /// The sandbox limits its instances run under (`[plugins]`, or its own
+    /// `[plugins.limits.NAME]` table).
+    pub limits: PluginLimitsSnapshot,
+    /// What it has cost since start-up.
+    pub cost: PluginCostSnapshot,
 }
 
 #[cfg(test)]

@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, Store};
 
 use super::bindings::{self, LogitsProcessorPluginPre, SamplerPluginPre, StepContext};
 use super::chain::PluginChain;
+use super::cost::PluginCost;
 use super::host::HostState;
 use super::instance::{Exports, PluginInstance};
 use super::limits::{Limiter, PluginLimits};
@@ -28,6 +30,11 @@ pub(super) enum Pre {
 struct LoadedPlugin {
     desc: PluginDescription,
     pre: Pre,
+    /// The limits its instances run under.
+    limits: PluginLimits,
+    /// The setting its memory limit came from (for the breach message).
+    memory_setting: Arc<str>,
+    cost: Arc<PluginCost>,
 }
 
 /// A plugin file that could not be loaded, and why.
@@ -51,6 +58,8 @@ pub struct PluginRegistry {
     plugins: BTreeMap<String, LoadedPlugin>,
     vocab: Arc<PluginVocab>,
     limits: PluginLimits,
+    /// `[plugins.limits.NAME]`: limits of the plugin named NAME instead of `limits`.
+    overrides: BTreeMap<String, PluginLimits>,
     ticker: EpochTicker,
 }
 
@@ -87,8 +96,17 @@ impl PluginRegistry {
             plugins: BTreeMap::new(),
             vocab,
             limits,
+            overrides: BTreeMap::new(),
             ticker,
         })
+    }
+
+    /// Gives the plugins named in `overrides` their own limits instead of the registry's
+    /// (for plugins loaded after this call).
+    #[must_use]
+    pub fn with_overrides(mut self, overrides: BTreeMap<String, PluginLimits>) -> Self {
+        self.overrides = overrides;
+        self
     }
 
     /// Loads every `*.wasm` file in `dir` (sorted by file name). A missing directory
@@ -102,7 +120,16 @@ impl PluginRegistry {
         vocab: Arc<PluginVocab>,
         limits: PluginLimits,
     ) -> anyhow::Result<(Self, Vec<LoadError>)> {
-        let mut reg = Self::empty(vocab, limits)?;
+        Self::empty(vocab, limits)?.load_all(dir)
+    }
+
+    /// [`PluginRegistry::load_dir`] on this registry (e.g. one with
+    /// [`PluginRegistry::with_overrides`]).
+    ///
+    /// # Errors
+    /// When `dir` exists but cannot be read.
+    pub fn load_all(self, dir: &Path) -> anyhow::Result<(Self, Vec<LoadError>)> {
+        let mut reg = self;
         if !dir.exists() {
             tracing::warn!(dir = %dir.display(), "plugins.dir does not exist; no plugins loaded");
             return Ok((reg, Vec::new()));
@@ -195,12 +222,31 @@ impl PluginRegistry {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
+        // The name, which may pick other limits, is known only after `info`: the probe
+        // runs under the loosest of them all.
+        let probe_limits =
+            PluginLimits::loosest(std::iter::once(&self.limits).chain(self.overrides.values()))
+                .unwrap_or_else(|| self.limits.clone());
+        let probe_setting: Arc<str> = if probe_limits.memory_bytes == self.limits.memory_bytes {
+            Arc::from("plugins.memory_bytes")
+        } else {
+            Arc::from("the largest plugins.limits.*.memory_bytes")
+        };
+        let cost = Arc::new(PluginCost::default());
         let mut inst = self
-            .new_instance(&pre, Arc::from(file.as_str()), usize::MAX)
+            .new_instance(
+                &pre,
+                Arc::from(file.as_str()),
+                usize::MAX,
+                &probe_limits,
+                &probe_setting,
+                &cost,
+            )
             .map_err(|e| e.message)?;
         let info = inst
-            .info(self.limits.configure_deadline)
+            .info(probe_limits.configure_deadline)
             .map_err(|e| e.message)?;
+        drop(inst);
         if !valid_name(&info.name) {
             return Err(format!(
                 "info.name must be 1 to 64 characters from a-z, 0-9, '_' and '-', got {:?}",
@@ -213,6 +259,16 @@ impl PluginRegistry {
                 info.name, other.desc.file
             ));
         }
+        let limits = self
+            .overrides
+            .get(&info.name)
+            .unwrap_or(&self.limits)
+            .clone();
+        let memory_setting: Arc<str> = if limits.memory_bytes == self.limits.memory_bytes {
+            Arc::from("plugins.memory_bytes")
+        } else {
+            Arc::from(format!("plugins.limits.{}.memory_bytes", info.name))
+        };
         let desc = PluginDescription {
             name: info.name.clone(),
             world,
@@ -220,6 +276,8 @@ impl PluginRegistry {
             description: info.description,
             interface,
             file,
+            limits: limits.snapshot(),
+            cost: cost.snapshot(),
         };
         tracing::info!(
             plugin = %desc.name,
@@ -233,17 +291,26 @@ impl PluginRegistry {
             LoadedPlugin {
                 desc: desc.clone(),
                 pre,
+                limits,
+                memory_setting,
+                cost,
             },
         );
         Ok(desc)
     }
 
-    /// The loaded plugins, by name.
+    /// The loaded plugins, by name, with their cost so far.
     pub fn list(&self) -> Vec<PluginDescription> {
-        self.plugins.values().map(|p| p.desc.clone()).collect()
+        self.plugins
+            .values()
+            .map(|p| PluginDescription {
+                cost: p.cost.snapshot(),
+                ..p.desc.clone()
+            })
+            .collect()
     }
 
-    /// The sandbox limits in force.
+    /// The sandbox limits of plugins without their own `[plugins.limits.NAME]`.
     pub fn limits(&self) -> &PluginLimits {
         &self.limits
     }
@@ -258,28 +325,35 @@ impl PluginRegistry {
         pre: &Pre,
         label: Arc<str>,
         index: usize,
+        limits: &PluginLimits,
+        memory_setting: &Arc<str>,
+        cost: &Arc<PluginCost>,
     ) -> Result<PluginInstance, InferError> {
         let state = HostState {
             vocab: self.vocab.clone(),
             limiter: Limiter {
-                memory_bytes: self.limits.memory_bytes,
-                table_elements: self.limits.table_elements,
-                instances: self.limits.instances,
+                memory_bytes: limits.memory_bytes,
+                memory_setting: memory_setting.clone(),
+                memory_peak: 0,
+                table_elements: limits.table_elements,
+                instances: limits.instances,
                 breach: None,
             },
             label: label.clone(),
-            logs_left: self.limits.log_lines_per_request,
+            logs_left: limits.log_lines_per_request,
             logs_dropped: 0,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(ticks(self.limits.configure_deadline));
+        store.set_epoch_deadline(ticks(limits.configure_deadline));
         let call = ActiveCall::start(&self.ticker.shared);
+        let started = Instant::now();
         let exports = match pre {
             Pre::Processor(p) => p.instantiate(&mut store).map(Exports::Processor),
             Pre::Sampler(p) => p.instantiate(&mut store).map(Exports::Sampler),
         };
+        cost.instantiated(started.elapsed());
         drop(call);
         let mut inst = PluginInstance {
             label,
@@ -287,13 +361,15 @@ impl PluginRegistry {
             store,
             exports: None,
             ticker: self.ticker.shared.clone(),
+            call_deadline: limits.call_deadline,
+            cost: cost.clone(),
         };
         match exports {
             Ok(e) => {
                 inst.exports = Some(e);
                 Ok(inst)
             }
-            Err(e) => Err(inst.trap_error("instantiation", e, self.limits.configure_deadline)),
+            Err(e) => Err(inst.trap_error("instantiation", e, limits.configure_deadline)),
         }
     }
 
@@ -318,7 +394,6 @@ impl PluginRegistry {
         let mut chain = PluginChain {
             processors: Vec::new(),
             sampler: None,
-            call_deadline: self.limits.call_deadline,
             step_ctx: StepContext {
                 sequence_id: 0,
                 position: 0,
@@ -353,11 +428,18 @@ impl PluginRegistry {
                 )));
             }
             let label: Arc<str> = Arc::from(format!("{} (request {request})", spec.name));
-            let mut inst = self.new_instance(&plugin.pre, label, i)?;
+            let mut inst = self.new_instance(
+                &plugin.pre,
+                label,
+                i,
+                &plugin.limits,
+                &plugin.memory_setting,
+                &plugin.cost,
+            )?;
             inst.configure(
                 &spec.config,
                 seed,
-                self.limits.configure_deadline,
+                plugin.limits.configure_deadline,
                 &spec.name,
             )?;
             match plugin.desc.world {

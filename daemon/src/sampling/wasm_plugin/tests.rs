@@ -270,6 +270,64 @@ fn memory_limit_obeyed_and_violated() {
 }
 
 #[test]
+fn a_plugin_with_limits_of_its_own_and_its_cost_in_the_list() {
+    let global = PluginLimits {
+        memory_bytes: 4 << 20,
+        ..limits()
+    };
+    let own = PluginLimits {
+        memory_bytes: 32 << 20,
+        call_deadline: Duration::from_millis(250),
+        ..limits()
+    };
+    let (reg, errors) = PluginRegistry::empty(vocab(), global)
+        .expect("engine")
+        .with_overrides([("memory_bomb".to_string(), own)].into())
+        .load_all(&plugin_dir())
+        .expect("plugins dir");
+    assert!(errors.is_empty(), "{errors:?}");
+    // 8 MiB fits memory_bomb's own 32 MiB, not the 4 MiB of everyone else.
+    let mut c = reg
+        .instantiate(&[spec("memory_bomb", r#"{"mib":8}"#)], 1, "t")
+        .expect("instantiate")
+        .expect("chain");
+    c.process(&step(&[]), &mut logits()).expect("8 MiB fits");
+    drop(c);
+    let mut c = reg
+        .instantiate(&[spec("memory_bomb", r#"{"mib":40}"#)], 1, "t")
+        .expect("instantiate")
+        .expect("chain");
+    expect_trap(
+        c.process(&step(&[]), &mut logits()),
+        &[
+            "broke its memory limit",
+            "plugins.limits.memory_bomb.memory_bytes = 33554432",
+        ],
+    );
+    drop(c);
+    let list = reg.list();
+    let find = |name: &str| list.iter().find(|p| p.name == name).expect(name);
+    let (bomb, ban) = (find("memory_bomb"), find("ban_words"));
+    assert_eq!(
+        (bomb.limits.memory_bytes, bomb.limits.call_deadline_ms),
+        (32 << 20, 250.0)
+    );
+    assert_eq!(
+        (ban.limits.memory_bytes, ban.limits.call_deadline_ms),
+        (4 << 20, 100.0)
+    );
+    // The load-time probe and two requests; two process calls; the 8 MiB it wrote.
+    assert_eq!((bomb.cost.instantiations, bomb.cost.calls), (3, 2));
+    assert!(bomb.cost.instantiate_ms_mean > 0.0 && bomb.cost.call_us_mean > 0.0);
+    assert!(
+        (8 << 20..=32 << 20).contains(&bomb.cost.memory_bytes_peak),
+        "{:?}",
+        bomb.cost
+    );
+    assert_eq!((ban.cost.instantiations, ban.cost.calls), (1, 0));
+}
+
+#[test]
 fn trap_obeyed_and_violated() {
     let mut ok = chain(&[spec("trap", r#"{"never":true}"#)]);
     let mut bad = chain(&[spec("trap", r#"{"after_steps":2}"#)]);
