@@ -23,7 +23,9 @@
 # 3. Builds the C plugin plugins/min_tokens_c: `wit-bindgen c` bindings, clang + wasm-ld
 #    against wasi-libc (malloc and string functions only), `wasm-tools component new`.
 # 4. Copies each component to its output directory and checks that it imports nothing
-#    but inferd:plugin/* (no WASI), as the daemon requires.
+#    but inferd:plugin/* (no WASI), as the daemon requires; test fixtures marked
+#    `wasi = true` under [package.metadata.inferd] may also import the WASI 0.2
+#    interfaces the daemon's sandbox links.
 # Quick when nothing changed: cargo is incremental and the C build is skipped when its
 # output is newer than its inputs.
 set -euo pipefail
@@ -38,6 +40,12 @@ WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
 WIT_BINDGEN_VERSION=0.63.0
 WASM_TOOLS_VERSION=1.263.0
 TARGET=wasm32-wasip2
+# The WASI 0.2 interfaces the daemon links for plugins that import WASI (its
+# ALLOWED_INTERFACES in daemon/src/sampling/wasm_plugin/wasi.rs); only the plugins marked
+# `wasi = true` may import them, the others must import nothing but inferd:plugin/*.
+WASI_ALLOWED='io/(error|poll|streams)|clocks/(wall-clock|monotonic-clock)|random/(random|insecure|insecure-seed)'
+WASI_ALLOWED+='|cli/(environment|exit|stdin|stdout|stderr|terminal-(input|output|stdin|stdout|stderr))'
+WASI_ALLOWED+='|filesystem/(types|preopens)|sockets/(network|instance-network|tcp|tcp-create-socket|udp|udp-create-socket|ip-name-lookup)'
 export PATH="$HOME/.cargo/bin:$PATH"
 
 die() {
@@ -89,6 +97,7 @@ fi
 mkdir -p "$OUT" "$TEST_OUT" "$E2E_OUT" "$BUILD"
 built=() # output paths, checked at the end
 n_test=0 # how many of them are test-only
+declare -A wasi_ok=() # output paths allowed to import WASI (the daemon's allowed list)
 
 # Copies component $1 to $3/$2.wasm ($3 defaults to $OUT) and to $E2E_OUT/$2.wasm (each
 # only when it changed), and prints one line.
@@ -127,6 +136,9 @@ for name in "${rust_plugins[@]}"; do
 done
 for name in "${test_plugins[@]}"; do
     publish "$BUILD/$TARGET/release/$name.wasm" "$name" "$TEST_OUT"
+    if grep -Eq '^wasi *= *true' "$ROOT/plugins/$name/Cargo.toml"; then
+        wasi_ok["$TEST_OUT/$name.wasm"]=1
+    fi
     n_test=$((n_test + 1))
     # Never left where the daemon loads by default (e.g. by an older build), unless both
     # directories are the same.
@@ -180,17 +192,20 @@ fi
 publish "$C_OUT" min_tokens
 
 # ---------------------------------------------------------------------------------------
-# 4. Check every component: valid, imports only inferd:plugin/*, exports one plugin world
+# 4. Check every component: valid, imports only inferd:plugin/* (and the allowed WASI
+#    for those marked `wasi = true`), exports one plugin world
 # ---------------------------------------------------------------------------------------
 for f in "${built[@]}"; do
     wasm-tools validate "$f" || die "$f: not a valid WebAssembly component"
     world=$(wasm-tools component wit "$f" | sed -n '/^world root {/,/^}/p')
     [[ -n $world ]] || die "$f: not a component (no world found)"
-    if grep -qi 'wasi' <<<"$world"; then
-        die "$f imports WASI, which the daemon refuses:"$'\n'"$world"
+    if [[ -n ${wasi_ok[$f]:-} ]]; then
+        allowed="inferd:plugin/(host|types)@|wasi:($WASI_ALLOWED)@0\.2\."
+    else
+        allowed='inferd:plugin/(host|types)@'
     fi
-    bad=$(grep -E '^\s*import ' <<<"$world" | grep -Ev '^\s*import inferd:plugin/(host|types)@' || true)
-    [[ -z $bad ]] || die "$f: imports other than inferd:plugin/host and inferd:plugin/types:"$'\n'"$bad"
+    bad=$(grep -E '^\s*import ' <<<"$world" | grep -Ev "^\s*import ($allowed)" || true)
+    [[ -z $bad ]] || die "$f: imports what the daemon does not provide to it:"$'\n'"$bad"
     exports=$(grep -E '^\s*export ' <<<"$world" || true)
     [[ $(grep -c . <<<"$exports") -eq 1 ]] &&
         grep -Eqx '\s*export inferd:plugin/(logits-processor|sampler)@[0-9.]+;' <<<"$exports" ||

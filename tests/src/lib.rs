@@ -286,7 +286,8 @@ impl Drop for Daemon {
 /// The plugins directory every harness daemon loads: `$INFERD_PLUGINS_DIR` or
 /// `target/e2e-plugins/`, where `scripts/build-plugins.sh` (which the test command runs
 /// first) puts the bundled plugins together with the test-only fixtures (`busy_loop`,
-/// `memory_bomb`, `trap`, `scripted`) that the daemon does not load by default.
+/// `memory_bomb`, `trap`, `scripted`, `wasi_probe`) that the daemon does not load by
+/// default.
 pub fn plugins_dir() -> PathBuf {
     std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
         || workspace_root().join("target/e2e-plugins"),

@@ -71,7 +71,7 @@ async fn plugins_message_lists_the_bundled_plugins() {
     assert_eq!(world("min_tokens").as_deref(), Some("logits-processor"));
     assert_eq!(world("mirostat").as_deref(), Some("sampler"));
     // Test-only plugins are built into target/test-plugins/, not loaded by default.
-    for fixture in ["scripted", "busy_loop", "memory_bomb", "trap"] {
+    for fixture in ["scripted", "busy_loop", "memory_bomb", "trap", "wasi_probe"] {
         assert_eq!(
             world(fixture),
             None,
@@ -202,6 +202,14 @@ async fn hang_memory_bomb_and_trap_fail_only_their_own_requests() {
             json!([{"name":"trap","config":{"never":true,"answer":"nan"}}]),
         ),
         chat("plain", FRANCE, 32, json!([])),
+        // A WASI plugin (Rust std) sleeping 10 virtual seconds per step, called from the
+        // scheduler's runtime thread.
+        chat(
+            "wasi",
+            FRANCE,
+            32,
+            json!([{"name":"wasi_probe","config":{"spin":true}}]),
+        ),
     ];
     let out = run_all(&mut c, &reqs).await;
     for (id, cause) in [
@@ -222,6 +230,11 @@ async fn hang_memory_bomb_and_trap_fail_only_their_own_requests() {
     assert_eq!(good.error, None);
     assert_eq!(plain.error, None);
     assert_eq!(good.token_ids, plain.token_ids, "noop changes nothing");
+    assert_eq!(out["wasi"].error, None, "{:?}", out["wasi"]);
+    assert_eq!(
+        out["wasi"].token_ids, plain.token_ids,
+        "wasi_probe keeps the logits"
+    );
     assert!(daemon.is_running());
     // The connection and the daemon keep serving.
     let again = c

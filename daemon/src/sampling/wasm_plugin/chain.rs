@@ -7,6 +7,7 @@ use super::apply_edit;
 use super::bindings::{LogitsEdit, StepContext};
 use super::instance::{Exports, PluginInstance};
 use super::ticker::{ticks, ActiveCall};
+use super::wasi::off_runtime;
 use crate::error::{ErrorKind, InferError};
 
 /// Where a sequence stands, for [`PluginChain::process`] and [`PluginChain::sample`].
@@ -78,11 +79,12 @@ impl PluginChain {
             };
             let call = ActiveCall::start(&inst.ticker);
             let started = Instant::now();
-            let res = p.inferd_plugin_logits_processor().call_process(
-                &mut inst.store,
-                &self.step_ctx,
-                logits,
-            );
+            let (store, ctx, row) = (&mut inst.store, &self.step_ctx, &*logits);
+            let run = || {
+                p.inferd_plugin_logits_processor()
+                    .call_process(store, ctx, row)
+            };
+            let res = if inst.wasi { off_runtime(run) } else { run() };
             inst.cost.called(started.elapsed());
             drop(call);
             let edit: LogitsEdit = match res {
@@ -136,9 +138,12 @@ impl PluginChain {
         };
         let call = ActiveCall::start(&inst.ticker);
         let started = Instant::now();
-        let res =
+        let (store, ctx) = (&mut inst.store, &self.step_ctx);
+        let run = || {
             s.inferd_plugin_sampler()
-                .call_sample(&mut inst.store, &self.step_ctx, logits, random);
+                .call_sample(store, ctx, logits, random)
+        };
+        let res = if inst.wasi { off_runtime(run) } else { run() };
         inst.cost.called(started.elapsed());
         drop(call);
         let token = match res {

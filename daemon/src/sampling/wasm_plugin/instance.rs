@@ -29,12 +29,14 @@ pub(super) struct PluginInstance {
     pub(super) call_deadline: Duration,
     /// The plugin's running cost, shared with the registry.
     pub(super) cost: Arc<PluginCost>,
+    /// Whether the component imports WASI (its calls then run off any Tokio runtime).
+    pub(super) wasi: bool,
 }
 
 impl Drop for PluginInstance {
     fn drop(&mut self) {
         self.cost.memory(self.store.data().limiter.memory_peak);
-        let dropped = self.store.data().logs_dropped;
+        let dropped = self.store.data().log.lock().map_or(0, |log| log.dropped);
         if dropped > 0 {
             tracing::warn!(plugin = %self.label, dropped, "plugin log lines dropped (rate limit)");
         }

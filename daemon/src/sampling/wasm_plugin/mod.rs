@@ -38,6 +38,7 @@ mod limits;
 mod registry;
 mod ticker;
 mod vocab;
+mod wasi;
 
 use std::time::Duration;
 
@@ -49,6 +50,7 @@ pub use edit::apply_edit;
 pub use limits::{PluginLimits, PluginLimitsSnapshot};
 pub use registry::{LoadError, PluginRegistry};
 pub use vocab::PluginVocab;
+pub use wasi::{ALLOWED_INTERFACES, CLOCK_STEP_NS, VIRTUAL_EPOCH_S};
 
 /// The WIT package (and version) this host implements.
 pub const INTERFACE: &str = "inferd:plugin@0.1.0";
@@ -92,3 +94,5 @@ pub struct PluginDescription {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wasi_tests;

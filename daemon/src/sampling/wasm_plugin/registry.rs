@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -13,7 +13,7 @@ use wasmtime::{Config, Engine, Store};
 use super::bindings::{self, LogitsProcessorPluginPre, SamplerPluginPre, StepContext};
 use super::chain::PluginChain;
 use super::cost::PluginCost;
-use super::host::HostState;
+use super::host::{HostState, PluginLog};
 use super::instance::{Exports, PluginInstance};
 use super::limits::{Limiter, PluginLimits};
 use super::ticker::{ticks, ActiveCall, EpochTicker};
@@ -30,6 +30,8 @@ pub(super) enum Pre {
 struct LoadedPlugin {
     desc: PluginDescription,
     pre: Pre,
+    /// Whether the component imports WASI (then linked with the deny-by-default sandbox).
+    wasi: bool,
     /// The limits its instances run under.
     limits: PluginLimits,
     /// The setting its memory limit came from (for the breach message).
@@ -159,13 +161,9 @@ impl PluginRegistry {
         let component =
             Component::from_file(&self.engine, path).map_err(|e| format!("not loadable: {e:#}"))?;
         let ty = component.component_type();
+        let mut wasi = false;
         for (name, _) in ty.imports(&self.engine) {
-            if !name.starts_with("inferd:plugin/") {
-                return Err(format!(
-                    "imports `{name}`, which the sandbox does not provide (plugins may import \
-                     only inferd:plugin/host and inferd:plugin/types; no WASI)"
-                ));
-            }
+            wasi |= super::wasi::check_import(name)?;
         }
         let exports: Vec<String> = ty
             .exports(&self.engine)
@@ -203,6 +201,13 @@ impl PluginRegistry {
                 |s| s,
             )
         })
+        .and_then(|()| {
+            if wasi {
+                super::wasi::link(&mut linker)
+            } else {
+                Ok(())
+            }
+        })
         .map_err(|e| format!("linking the host interface failed: {e:#}"))?;
         let instance_pre = linker
             .instantiate_pre(&component)
@@ -233,20 +238,19 @@ impl PluginRegistry {
             Arc::from("the largest plugins.limits.*.memory_bytes")
         };
         let cost = Arc::new(PluginCost::default());
-        let mut inst = self
-            .new_instance(
+        let info = super::wasi::off_runtime(|| {
+            let mut inst = self.new_instance(
                 &pre,
+                wasi,
                 Arc::from(file.as_str()),
-                usize::MAX,
+                (usize::MAX, 0),
                 &probe_limits,
                 &probe_setting,
                 &cost,
-            )
-            .map_err(|e| e.message)?;
-        let info = inst
-            .info(probe_limits.configure_deadline)
-            .map_err(|e| e.message)?;
-        drop(inst);
+            )?;
+            inst.info(probe_limits.configure_deadline)
+        })
+        .map_err(|e| e.message)?;
         if !valid_name(&info.name) {
             return Err(format!(
                 "info.name must be 1 to 64 characters from a-z, 0-9, '_' and '-', got {:?}",
@@ -291,6 +295,7 @@ impl PluginRegistry {
             LoadedPlugin {
                 desc: desc.clone(),
                 pre,
+                wasi,
                 limits,
                 memory_setting,
                 cost,
@@ -320,15 +325,26 @@ impl PluginRegistry {
         self.vocab.len()
     }
 
+    /// A new instance of `pre` in a store of its own. `(index, seed)`: its place in the
+    /// request's list (`usize::MAX` for the load-time probe) and the request's seed, which
+    /// seeds its WASI random sources (mixed with `index`).
+    #[allow(clippy::too_many_arguments)]
     fn new_instance(
         &self,
         pre: &Pre,
+        wasi: bool,
         label: Arc<str>,
-        index: usize,
+        (index, seed): (usize, u64),
         limits: &PluginLimits,
         memory_setting: &Arc<str>,
         cost: &Arc<PluginCost>,
     ) -> Result<PluginInstance, InferError> {
+        let log = Arc::new(Mutex::new(PluginLog {
+            label: label.clone(),
+            left: limits.log_lines_per_request,
+            dropped: 0,
+        }));
+        let wasi_seed = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let state = HostState {
             vocab: self.vocab.clone(),
             limiter: Limiter {
@@ -339,9 +355,8 @@ impl PluginRegistry {
                 instances: limits.instances,
                 breach: None,
             },
-            label: label.clone(),
-            logs_left: limits.log_lines_per_request,
-            logs_dropped: 0,
+            wasi: super::wasi::sandbox_ctx(wasi_seed, &log),
+            log,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -363,6 +378,7 @@ impl PluginRegistry {
             ticker: self.ticker.shared.clone(),
             call_deadline: limits.call_deadline,
             cost: cost.clone(),
+            wasi,
         };
         match exports {
             Ok(e) => {
@@ -428,20 +444,29 @@ impl PluginRegistry {
                 )));
             }
             let label: Arc<str> = Arc::from(format!("{} (request {request})", spec.name));
-            let mut inst = self.new_instance(
-                &plugin.pre,
-                label,
-                i,
-                &plugin.limits,
-                &plugin.memory_setting,
-                &plugin.cost,
-            )?;
-            inst.configure(
-                &spec.config,
-                seed,
-                plugin.limits.configure_deadline,
-                &spec.name,
-            )?;
+            let setup = || {
+                let mut inst = self.new_instance(
+                    &plugin.pre,
+                    plugin.wasi,
+                    label,
+                    (i, seed),
+                    &plugin.limits,
+                    &plugin.memory_setting,
+                    &plugin.cost,
+                )?;
+                inst.configure(
+                    &spec.config,
+                    seed,
+                    plugin.limits.configure_deadline,
+                    &spec.name,
+                )?;
+                Ok::<_, InferError>(inst)
+            };
+            let inst = if plugin.wasi {
+                super::wasi::off_runtime(setup)?
+            } else {
+                setup()?
+            };
             match plugin.desc.world {
                 PluginWorld::LogitsProcessor => chain.processors.push(inst),
                 PluginWorld::Sampler => chain.sampler = Some(inst),

@@ -21,7 +21,7 @@ fn word_id(w: &str) -> u32 {
     256 + WORDS.iter().position(|x| *x == w).expect("word in vocab") as u32
 }
 
-fn vocab() -> Arc<PluginVocab> {
+pub(super) fn vocab() -> Arc<PluginVocab> {
     let tokens = (0..=255u8)
         .map(|b| vec![b])
         .chain(WORDS.iter().map(|w| w.as_bytes().to_vec()));
@@ -36,14 +36,14 @@ fn vocab() -> Arc<PluginVocab> {
     ))
 }
 
-fn plugin_dir() -> PathBuf {
+pub(super) fn plugin_dir() -> PathBuf {
     std::env::var_os("INFERD_PLUGINS_DIR").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-plugins"),
         PathBuf::from,
     )
 }
 
-fn limits() -> PluginLimits {
+pub(super) fn limits() -> PluginLimits {
     PluginLimits {
         // Generous: tests share 2 cores with other test binaries; the violating plugins
         // never return, so the margin does not weaken the tests.
@@ -68,30 +68,30 @@ fn registry_with(limits: PluginLimits) -> PluginRegistry {
 }
 
 /// One registry shared by the tests (compiling the plugins is the slow part).
-fn registry() -> &'static PluginRegistry {
+pub(super) fn registry() -> &'static PluginRegistry {
     static REG: OnceLock<PluginRegistry> = OnceLock::new();
     REG.get_or_init(|| registry_with(limits()))
 }
 
-fn spec(name: &str, config: &str) -> PluginSpec {
+pub(super) fn spec(name: &str, config: &str) -> PluginSpec {
     PluginSpec {
         name: name.into(),
         config: config.into(),
     }
 }
 
-fn chain(specs: &[PluginSpec]) -> PluginChain {
+pub(super) fn chain(specs: &[PluginSpec]) -> PluginChain {
     registry()
         .instantiate(specs, 7, "test")
         .expect("instantiate")
         .expect("a chain")
 }
 
-fn logits() -> Vec<f32> {
+pub(super) fn logits() -> Vec<f32> {
     (0..vocab().len()).map(|i| (i % 13) as f32 * 0.1).collect()
 }
 
-fn step(generated: &[u32]) -> StepView<'_> {
+pub(super) fn step(generated: &[u32]) -> StepView<'_> {
     StepView {
         sequence_id: 1,
         prompt_tokens: 3,
@@ -99,7 +99,7 @@ fn step(generated: &[u32]) -> StepView<'_> {
     }
 }
 
-fn expect_trap(r: Result<(), InferError>, fragments: &[&str]) {
+pub(super) fn expect_trap(r: Result<(), InferError>, fragments: &[&str]) {
     let e = r.expect_err("plugin should fail");
     assert_eq!(e.kind, ErrorKind::PluginTrap, "{}", e.message);
     for f in fragments {
