@@ -795,6 +795,7 @@ fn load_plugins(settings: &Settings, vocab: Arc<PluginVocab>) -> anyhow::Result<
     let started = std::time::Instant::now();
     let (registry, errors) = PluginRegistry::empty(vocab, settings.plugins.limits())?
         .with_overrides(settings.plugins.overrides())
+        .with_compile_cache(settings.plugins.compile_cache())
         .load_all(&settings.plugins.dir)?;
     for e in &errors {
         tracing::error!(file = %e.path.display(), reason = %e.reason, "plugin not loaded");

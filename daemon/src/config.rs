@@ -327,6 +327,11 @@ pub struct PluginsConfig {
     /// relative to the working directory; a leading `~/` or a bare `~` is replaced by
     /// `$HOME`). Missing: no plugins (a warning is logged).
     pub dir: PathBuf,
+    /// Directory of compiled plugin components, reused across restarts and reloads
+    /// (native code: as trusted as `dir`). Default: `prefix_store.path`'s default state
+    /// directory + `/plugin-cache`; `""` compiles at every load. A leading `~/` (or a
+    /// bare `~`) is replaced by `$HOME`.
+    pub compile_cache: PathBuf,
     /// Wall-clock deadline of one `process`/`sample` call, milliseconds.
     #[serde(deserialize_with = "whole_number")]
     pub call_deadline_ms: u64,
@@ -374,6 +379,7 @@ impl Default for PluginsConfig {
         let d = crate::sampling::wasm_plugin::PluginLimits::default();
         Self {
             dir: PathBuf::from("target/plugins"),
+            compile_cache: default_state_dir().join("plugin-cache"),
             call_deadline_ms: d.call_deadline.as_millis() as u64,
             configure_deadline_ms: d.configure_deadline.as_millis() as u64,
             memory_bytes: d.memory_bytes as u64,
@@ -385,6 +391,14 @@ impl Default for PluginsConfig {
 }
 
 impl PluginsConfig {
+    /// The compile cache `compile_cache` names (none when it is empty).
+    pub fn compile_cache(&self) -> crate::sampling::wasm_plugin::CompileCache {
+        let dir = &self.compile_cache;
+        crate::sampling::wasm_plugin::CompileCache::new(
+            (!dir.as_os_str().is_empty()).then(|| dir.clone()),
+        )
+    }
+
     /// The sandbox limits these settings describe.
     pub fn limits(&self) -> crate::sampling::wasm_plugin::PluginLimits {
         crate::sampling::wasm_plugin::PluginLimits {
@@ -409,6 +423,7 @@ impl PluginsConfig {
     fn with(&self, o: &PluginLimitOverrides) -> PluginsConfig {
         PluginsConfig {
             dir: self.dir.clone(),
+            compile_cache: self.compile_cache.clone(),
             call_deadline_ms: o.call_deadline_ms.unwrap_or(self.call_deadline_ms),
             configure_deadline_ms: o
                 .configure_deadline_ms
@@ -639,6 +654,13 @@ impl Settings {
             expand_home("model.chat_template", &mut self.model.chat_template, home)?;
         }
         expand_home("plugins.dir", &mut self.plugins.dir, home)?;
+        if !self.plugins.compile_cache.as_os_str().is_empty() {
+            expand_home(
+                "plugins.compile_cache",
+                &mut self.plugins.compile_cache,
+                home,
+            )?;
+        }
         expand_home("prefix_store.path", &mut self.prefix_store.path, home)
     }
 

@@ -3,8 +3,9 @@
 //! module is the only place wasmtime appears.
 //!
 //! - Load: [`PluginRegistry::load_dir`] compiles every `*.wasm` component in
-//!   `plugins.dir` once with Cranelift, checks its imports (only `inferd:plugin/*`; no
-//!   WASI) and its world, links it into an `InstancePre`, and reads its `info`.
+//!   `plugins.dir` once with Cranelift (or loads it from the [`CompileCache`]), checks
+//!   its imports (`inferd:plugin/*`, and the WASI 0.2 interfaces of `wasi`) and its
+//!   world, links it into an `InstancePre`, and reads its `info`.
 //! - Per request: [`PluginRegistry::instantiate`] (called by [`actor::PluginSetupActor`],
 //!   a pool between the tokenizer and the scheduler) builds a [`PluginChain`]: one
 //!   `Store` and instance per named plugin (so plugin globals are per-request state),
@@ -13,13 +14,15 @@
 //! - Per step: [`PluginChain::process`] runs the processors in order and applies their
 //!   edits ([`apply_edit`]); [`PluginChain::sample`] asks the sampler, if any.
 //!
-//! Files: `registry` (load, check, link, instantiate), `instance` (one store and its
-//! exports; trap messages), `chain` (the per-step calls), `host` (the `host` imports),
+//! Files: `registry` (load, check, link, instantiate), `compile_cache`, `wasi` (the
+//! deny-by-default WASI), `instance` (one store and its exports; trap messages),
+//! `chain` (the per-step calls), `host` (the `host` imports),
 //! `vocab`, `limits`, `ticker` (epoch deadlines), `edit` (applying a `logits-edit`),
 //! `actor` (the set-up pool), `bindings` (the generated WIT bindings).
 //!
 //! Sandbox (the pattern of wasmtime's `examples/component` and Spin's host): no WASI
-//! at all; epoch interruption with a per-call deadline (one epoch tick =
+//! for components that do not import it, a WASI that grants nothing for those that do
+//! (see `wasi`); epoch interruption with a per-call deadline (one epoch tick =
 //! [`EPOCH_TICK`], advanced by one ticker thread per registry while any plugin call
 //! runs); a
 //! [`wasmtime::ResourceLimiter`] on linear memory, table elements, instances, tables
@@ -30,6 +33,7 @@
 pub mod actor;
 mod bindings;
 mod chain;
+mod compile_cache;
 mod cost;
 mod edit;
 mod host;
@@ -45,6 +49,7 @@ use std::time::Duration;
 /// Special token ids for [`PluginVocab::new`].
 pub use bindings::SpecialTokenIds as PluginSpecialTokens;
 pub use chain::{PluginChain, StepView};
+pub use compile_cache::{CacheOutcome, CompileCache};
 pub use cost::PluginCostSnapshot;
 pub use edit::apply_edit;
 pub use limits::{PluginLimits, PluginLimitsSnapshot};

@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, Store};
 
 use super::bindings::{self, LogitsProcessorPluginPre, SamplerPluginPre, StepContext};
 use super::chain::PluginChain;
+use super::compile_cache::{CacheOutcome, CompileCache};
 use super::cost::PluginCost;
 use super::host::{HostState, PluginLog};
 use super::instance::{Exports, PluginInstance};
@@ -62,6 +63,8 @@ pub struct PluginRegistry {
     limits: PluginLimits,
     /// `[plugins.limits.NAME]`: limits of the plugin named NAME instead of `limits`.
     overrides: BTreeMap<String, PluginLimits>,
+    /// Compiled components kept on disk (`plugins.compile_cache`).
+    cache: CompileCache,
     ticker: EpochTicker,
 }
 
@@ -99,6 +102,7 @@ impl PluginRegistry {
             vocab,
             limits,
             overrides: BTreeMap::new(),
+            cache: CompileCache::default(),
             ticker,
         })
     }
@@ -108,6 +112,13 @@ impl PluginRegistry {
     #[must_use]
     pub fn with_overrides(mut self, overrides: BTreeMap<String, PluginLimits>) -> Self {
         self.overrides = overrides;
+        self
+    }
+
+    /// Keeps compiled components in `cache` (for plugins loaded after this call).
+    #[must_use]
+    pub fn with_compile_cache(mut self, cache: CompileCache) -> Self {
+        self.cache = cache;
         self
     }
 
@@ -158,8 +169,9 @@ impl PluginRegistry {
     /// `inferd:plugin/*`, neither world exported, an `info` that traps or gives an
     /// invalid or duplicate name.
     pub fn load_file(&mut self, path: &Path) -> Result<PluginDescription, String> {
-        let component =
-            Component::from_file(&self.engine, path).map_err(|e| format!("not loadable: {e:#}"))?;
+        let started = Instant::now();
+        let (component, outcome) = self.cache.load(&self.engine, path)?;
+        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let ty = component.component_type();
         let mut wasi = false;
         for (name, _) in ty.imports(&self.engine) {
@@ -288,6 +300,9 @@ impl PluginRegistry {
             world = ?desc.world,
             version = %desc.version,
             file = %desc.file,
+            wasi,
+            compiled = outcome == CacheOutcome::Compiled,
+            load_ms = format!("{compile_ms:.0}"),
             "plugin loaded"
         );
         self.plugins.insert(
