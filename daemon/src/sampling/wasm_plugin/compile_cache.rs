@@ -76,11 +76,7 @@ fn key(engine: &Engine, wasm: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(compat.finish().to_le_bytes());
     h.update(wasm);
-    hex(&h.finalize())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", h.finalize())
 }
 
 fn read_entry(engine: &Engine, entry: &Path) -> Option<Component> {

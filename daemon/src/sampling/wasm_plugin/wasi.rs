@@ -153,19 +153,11 @@ pub(super) fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let mut clock = linker.instance(MONOTONIC_CLOCK)?;
     clock.func_wrap(
         "subscribe-duration",
-        |mut cx: StoreContextMut<'_, HostState>, (ns,): (u64,)| {
-            let wasi = &mut cx.data_mut().wasi;
-            wasi.clock.advance(ns);
-            Ok((elapsed(&mut wasi.table)?,))
-        },
+        |cx: StoreContextMut<'_, HostState>, (ns,): (u64,)| sleep(cx, |c| c.advance(ns)),
     )?;
     clock.func_wrap(
         "subscribe-instant",
-        |mut cx: StoreContextMut<'_, HostState>, (when,): (u64,)| {
-            let wasi = &mut cx.data_mut().wasi;
-            wasi.clock.advance_to(when);
-            Ok((elapsed(&mut wasi.table)?,))
-        },
+        |cx: StoreContextMut<'_, HostState>, (when,): (u64,)| sleep(cx, |c| c.advance_to(when)),
     )?;
     linker.allow_shadowing(false);
     Ok(())
@@ -179,9 +171,16 @@ impl Pollable for Elapsed {
     async fn ready(&mut self) {}
 }
 
-fn elapsed(table: &mut ResourceTable) -> wasmtime::Result<Resource<DynPollable>> {
-    let sleep = table.push(Elapsed)?;
-    wasmtime_wasi::p2::subscribe(table, sleep)
+/// A virtual sleep: moves the instance's clock with `advance`, then hands the guest a
+/// pollable that is already ready.
+fn sleep(
+    mut cx: StoreContextMut<'_, HostState>,
+    advance: impl FnOnce(&VirtualClock),
+) -> wasmtime::Result<(Resource<DynPollable>,)> {
+    let wasi = &mut cx.data_mut().wasi;
+    advance(&wasi.clock);
+    let ready = wasi.table.push(Elapsed)?;
+    Ok((wasmtime_wasi::p2::subscribe(&mut wasi.table, ready)?,))
 }
 
 /// Per-instance virtual time, nanoseconds since the instance started.
