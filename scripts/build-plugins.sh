@@ -208,7 +208,7 @@ for f in "${built[@]}"; do
     [[ -z $bad ]] || die "$f: imports what the daemon does not provide to it:"$'\n'"$bad"
     exports=$(grep -E '^\s*export ' <<<"$world" || true)
     [[ $(grep -c . <<<"$exports") -eq 1 ]] &&
-        grep -Eqx '\s*export inferd:plugin/(logits-processor|sampler)@[0-9.]+;' <<<"$exports" ||
-        die "$f: must export exactly one of inferd:plugin/logits-processor, sampler; found:"$'\n'"$exports"
+        grep -Eqx '\s*export inferd:plugin/(logits-processor|context-processor|sampler)@[0-9.]+;' <<<"$exports" ||
+        die "$f: must export exactly one of inferd:plugin/logits-processor, context-processor, sampler; found:"$'\n'"$exports"
 done
 note "$((${#built[@]} - n_test)) plugins in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT, imports checked"

@@ -83,7 +83,7 @@ class PluginInfo:
     name: str
     """What a generate's ``plugins=[{"name": …}]`` uses."""
     world: str
-    """``"logits-processor"`` or ``"sampler"``."""
+    """``"logits-processor"``, ``"context-processor"`` or ``"sampler"``."""
     version: str
     description: str
     interface: str

@@ -60,8 +60,8 @@ impl PluginChain {
         ctx.generated.extend_from_slice(step.generated);
     }
 
-    /// Runs every logits processor in request order on `logits` (`(vocab_size,)` f32),
-    /// applying each edit before the next processor sees the row.
+    /// Runs every logits processor (and context processor) in request order on `logits`
+    /// (`(vocab_size,)` f32), applying each edit before the next processor sees the row.
     ///
     /// # Errors
     /// `plugin_trap` naming the plugin: a trap, a missed `plugins.call_deadline_ms`, a
@@ -74,15 +74,18 @@ impl PluginChain {
         for inst in &mut self.processors {
             let deadline = inst.call_deadline;
             inst.store.set_epoch_deadline(ticks(deadline));
-            let Some(Exports::Processor(p)) = &inst.exports else {
-                return Err(InferError::internal("processor instance without exports"));
-            };
             let call = ActiveCall::start(&inst.ticker);
             let started = Instant::now();
             let (store, ctx, row) = (&mut inst.store, &self.step_ctx, &*logits);
-            let run = || {
-                p.inferd_plugin_logits_processor()
-                    .call_process(store, ctx, row)
+            // A context processor gets no row: nothing is copied into the guest.
+            let run = || match &inst.exports {
+                Some(Exports::Processor(p)) => p
+                    .inferd_plugin_logits_processor()
+                    .call_process(store, ctx, row),
+                Some(Exports::Context(c)) => {
+                    c.inferd_plugin_context_processor().call_process(store, ctx)
+                }
+                _ => Err(wasmtime::Error::msg("processor instance without exports")),
             };
             let res = if inst.wasi { off_runtime(run) } else { run() };
             inst.cost.called(started.elapsed());

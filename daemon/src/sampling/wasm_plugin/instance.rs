@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::{LogitsProcessorPlugin, PluginInfo, SamplerPlugin};
+use super::bindings::{ContextProcessorPlugin, LogitsProcessorPlugin, PluginInfo, SamplerPlugin};
 use super::cost::PluginCost;
 use super::host::HostState;
 use super::ticker::{ticks, ActiveCall, TickerShared};
@@ -14,6 +14,7 @@ use crate::error::{ErrorKind, InferError};
 
 pub(super) enum Exports {
     Processor(LogitsProcessorPlugin),
+    Context(ContextProcessorPlugin),
     Sampler(SamplerPlugin),
 }
 
@@ -86,6 +87,9 @@ impl PluginInstance {
             Some(Exports::Processor(p)) => p
                 .inferd_plugin_logits_processor()
                 .call_info(&mut self.store),
+            Some(Exports::Context(c)) => c
+                .inferd_plugin_context_processor()
+                .call_info(&mut self.store),
             Some(Exports::Sampler(s)) => s.inferd_plugin_sampler().call_info(&mut self.store),
             None => return Err(InferError::internal("plugin instance without exports")),
         };
@@ -104,6 +108,10 @@ impl PluginInstance {
         let res = match &self.exports {
             Some(Exports::Processor(p)) => {
                 p.inferd_plugin_logits_processor()
+                    .call_configure(&mut self.store, config, seed)
+            }
+            Some(Exports::Context(c)) => {
+                c.inferd_plugin_context_processor()
                     .call_configure(&mut self.store, config, seed)
             }
             Some(Exports::Sampler(s)) => {

@@ -1,5 +1,5 @@
 //! The WebAssembly plugin host: user logits processors and samplers as sandboxed
-//! components over the WIT package in `wit/plugin.wit` (`inferd:plugin@0.1.0`). This
+//! components over the WIT package in `wit/plugin.wit` (`inferd:plugin@0.1.1`). This
 //! module is the only place wasmtime appears.
 //!
 //! - Load: [`PluginRegistry::load_dir`] compiles every `*.wasm` component in
@@ -58,7 +58,10 @@ pub use vocab::PluginVocab;
 pub use wasi::{ALLOWED_INTERFACES, CLOCK_STEP_NS, VIRTUAL_EPOCH_S};
 
 /// The WIT package (and version) this host implements.
-pub const INTERFACE: &str = "inferd:plugin@0.1.0";
+///
+/// Components built against an earlier compatible version (0.1.0) load too: wasmtime
+/// resolves their `host@0.1.0` import and `…@0.1.0` export by semver.
+pub const INTERFACE: &str = "inferd:plugin@0.1.1";
 
 /// One epoch tick: the granularity of call deadlines (a deadline of `d` is enforced
 /// between `d` and `d + 2 ×` this after the call starts).
@@ -68,8 +71,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PluginWorld {
-    /// `logits-processor-plugin`: edits logits.
+    /// `logits-processor-plugin`: edits logits, reading them.
     LogitsProcessor,
+    /// `context-processor-plugin` (0.1.1): edits logits from the step context alone; the
+    /// host does not copy the row into it. Runs among the logits processors.
+    ContextProcessor,
     /// `sampler-plugin`: chooses the token.
     Sampler,
 }
@@ -79,13 +85,13 @@ pub enum PluginWorld {
 pub struct PluginDescription {
     /// The name requests use (from the plugin's `info`).
     pub name: String,
-    /// `logits-processor` or `sampler`.
+    /// `logits-processor`, `context-processor` or `sampler`.
     pub world: PluginWorld,
     /// The plugin's own version (from `info`).
     pub version: String,
     /// The plugin's one-line description (from `info`).
     pub description: String,
-    /// The WIT package the plugin was built against, e.g. `inferd:plugin@0.1.0`.
+    /// The WIT package the plugin was built against, e.g. `inferd:plugin@0.1.1`.
     pub interface: String,
     /// The component's file name in `plugins.dir` (not the full path: every client
     /// sees it).

@@ -10,7 +10,9 @@ use std::time::Instant;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, Store};
 
-use super::bindings::{self, LogitsProcessorPluginPre, SamplerPluginPre, StepContext};
+use super::bindings::{
+    self, ContextProcessorPluginPre, LogitsProcessorPluginPre, SamplerPluginPre, StepContext,
+};
 use super::chain::PluginChain;
 use super::compile_cache::{CacheOutcome, CompileCache};
 use super::cost::PluginCost;
@@ -25,6 +27,7 @@ use crate::request::PluginSpec;
 
 pub(super) enum Pre {
     Processor(LogitsProcessorPluginPre<HostState>),
+    Context(ContextProcessorPluginPre<HostState>),
     Sampler(SamplerPluginPre<HostState>),
 }
 
@@ -188,12 +191,17 @@ impl PluginRegistry {
             PluginWorld::LogitsProcessor
         } else if exports
             .iter()
+            .any(|n| n.starts_with("inferd:plugin/context-processor@"))
+        {
+            PluginWorld::ContextProcessor
+        } else if exports
+            .iter()
             .any(|n| n.starts_with("inferd:plugin/sampler@"))
         {
             PluginWorld::Sampler
         } else {
             return Err(format!(
-                "exports neither inferd:plugin/logits-processor nor inferd:plugin/sampler \
+                "exports none of inferd:plugin/logits-processor, context-processor and sampler \
                  (exports: {})",
                 exports.join(", ")
             ));
@@ -228,6 +236,10 @@ impl PluginRegistry {
             PluginWorld::LogitsProcessor => Pre::Processor(
                 LogitsProcessorPluginPre::new(instance_pre)
                     .map_err(|e| format!("does not match {INTERFACE} logits-processor: {e:#}"))?,
+            ),
+            PluginWorld::ContextProcessor => Pre::Context(
+                ContextProcessorPluginPre::new(instance_pre)
+                    .map_err(|e| format!("does not match {INTERFACE} context-processor: {e:#}"))?,
             ),
             PluginWorld::Sampler => Pre::Sampler(
                 SamplerPluginPre::new(instance_pre)
@@ -381,6 +393,7 @@ impl PluginRegistry {
         let started = Instant::now();
         let exports = match pre {
             Pre::Processor(p) => p.instantiate(&mut store).map(Exports::Processor),
+            Pre::Context(p) => p.instantiate(&mut store).map(Exports::Context),
             Pre::Sampler(p) => p.instantiate(&mut store).map(Exports::Sampler),
         };
         cost.instantiated(started.elapsed());
@@ -483,7 +496,9 @@ impl PluginRegistry {
                 setup()?
             };
             match plugin.desc.world {
-                PluginWorld::LogitsProcessor => chain.processors.push(inst),
+                PluginWorld::LogitsProcessor | PluginWorld::ContextProcessor => {
+                    chain.processors.push(inst)
+                }
                 PluginWorld::Sampler => chain.sampler = Some(inst),
             }
         }
