@@ -134,6 +134,25 @@ fn bundled_plugins_load_with_their_world_and_version() {
 }
 
 #[test]
+fn noop_keeps_the_logits_whether_or_not_it_reads_them() {
+    for config in ["{}", r#"{"scan": true}"#, r#"{"scan": false}"#] {
+        let mut c = chain(&[spec("noop", config)]);
+        let mut l = logits();
+        c.process(&step(&[1, 2]), &mut l).expect("process");
+        assert_eq!(l, logits(), "{config}");
+    }
+    let e = registry()
+        .instantiate(&[spec("noop", r#"{"scan": 1}"#)], 1, "t")
+        .expect_err("not a boolean");
+    assert_eq!(e.kind, ErrorKind::Validation);
+    assert!(
+        e.message.ends_with("scan: must be true or false, got 1"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
 fn a_file_that_is_not_a_component_is_refused_with_a_reason() {
     let dir = std::env::temp_dir().join(format!("inferd-plugin-junk-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
