@@ -3,7 +3,17 @@
 # test-only ones into target/test-plugins/<name>.wasm, and both kinds into
 # target/e2e-plugins/ (the directory the test harnesses' daemons load).
 #
-# Usage: scripts/build-plugins.sh            (from any directory)
+# The Python and JavaScript plugins (a plugin.toml with language = "python" or
+# "javascript") are built by scripts/build-plugins-python.sh and build-plugins-js.sh into
+# target/lang-plugins/ (test-only ones: target/lang-test-plugins/) and all of them into
+# target/e2e-lang-plugins/: directories of their own, because each is an interpreter of
+# several MB that takes seconds to compile and needs limits above the defaults
+# (docs/plugins.md), so no daemon loads them unless pointed at them.
+#
+# Usage: scripts/build-plugins.sh [--no-python-js]   (from any directory)
+#        --no-python-js  only the Rust and C plugins (what scripts/run.sh serves); the
+#                        Python and JavaScript ones need componentize-py (PyPI) and
+#                        ComponentizeJS (npm), installed under target/plugin-tools/
 # Env:   PLUGINS_OUT    output directory (default: <repo>/target/plugins)
 #        TEST_PLUGINS_OUT
 #                       output directory of the test-only plugins, those whose Cargo.toml
@@ -13,6 +23,8 @@
 #        E2E_PLUGINS_OUT
 #                       output directory holding every plugin, bundled and test-only
 #                       (default: <repo>/target/e2e-plugins): the tests' plugins.dir
+#        LANG_PLUGINS_OUT, LANG_TEST_PLUGINS_OUT, E2E_LANG_PLUGINS_OUT
+#                       the Python and JavaScript plugins' directories (see above)
 #        WASI_SYSROOT   wasi-libc sysroot in Debian's layout (default: /usr, i.e.
 #                       /usr/include/wasm32-wasi and /usr/lib/wasm32-wasi)
 #
@@ -30,6 +42,16 @@
 # output is newer than its inputs.
 set -euo pipefail
 
+with_lang=1
+case "${1:-}" in
+"") ;;
+--no-python-js) with_lang=0 ;;
+*)
+    echo "usage: $0 [--no-python-js]" >&2
+    exit 2
+    ;;
+esac
+
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${PLUGINS_OUT:-$ROOT/target/plugins}"
 TEST_OUT="${TEST_PLUGINS_OUT:-$ROOT/target/test-plugins}"
@@ -40,12 +62,9 @@ WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
 WIT_BINDGEN_VERSION=0.63.0
 WASM_TOOLS_VERSION=1.263.0
 TARGET=wasm32-wasip2
-# The WASI 0.2 interfaces the daemon links for plugins that import WASI (its
-# ALLOWED_INTERFACES in daemon/src/sampling/wasm_plugin/wasi.rs); only the plugins marked
-# `wasi = true` may import them, the others must import nothing but inferd:plugin/*.
-WASI_ALLOWED='io/(error|poll|streams)|clocks/(wall-clock|monotonic-clock)|random/(random|insecure|insecure-seed)'
-WASI_ALLOWED+='|cli/(environment|exit|stdin|stdout|stderr|terminal-(input|output|stdin|stdout|stderr))'
-WASI_ALLOWED+='|filesystem/(types|preopens)|sockets/(network|instance-network|tcp|tcp-create-socket|udp|udp-create-socket|ip-name-lookup)'
+# The WASI 0.2 interfaces the daemon links for plugins that import WASI.
+# shellcheck source=scripts/wasi-allowed.sh
+source "$ROOT/scripts/wasi-allowed.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 
 die() {
@@ -192,6 +211,26 @@ fi
 publish "$C_OUT" min_tokens
 
 # ---------------------------------------------------------------------------------------
+# 3b. Python and JavaScript plugins (componentize-py, ComponentizeJS): WASI importers,
+#     checked below against the daemon's allowed list like the `wasi = true` fixtures
+# ---------------------------------------------------------------------------------------
+lang_built=()
+if ((with_lang)); then
+    export LANG_PLUGINS_OUT="${LANG_PLUGINS_OUT:-$ROOT/target/lang-plugins}"
+    export LANG_TEST_PLUGINS_OUT="${LANG_TEST_PLUGINS_OUT:-$ROOT/target/lang-test-plugins}"
+    export E2E_LANG_PLUGINS_OUT="${E2E_LANG_PLUGINS_OUT:-$ROOT/target/e2e-lang-plugins}"
+    "$ROOT/scripts/build-plugins-python.sh"
+    "$ROOT/scripts/build-plugins-js.sh"
+    for f in "$E2E_LANG_PLUGINS_OUT"/*.wasm; do
+        [[ -f $f ]] || continue
+        built+=("$f")
+        lang_built+=("$f")
+        wasi_ok["$f"]=1
+        n_test=$((n_test + 1))
+    done
+fi
+
+# ---------------------------------------------------------------------------------------
 # 4. Check every component: valid, imports only inferd:plugin/* (and the allowed WASI
 #    for those marked `wasi = true`), exports one plugin world
 # ---------------------------------------------------------------------------------------
@@ -206,9 +245,11 @@ for f in "${built[@]}"; do
     fi
     bad=$(grep -E '^\s*import ' <<<"$world" | grep -Ev "^\s*import ($allowed)" || true)
     [[ -z $bad ]] || die "$f: imports what the daemon does not provide to it:"$'\n'"$bad"
-    exports=$(grep -E '^\s*export ' <<<"$world" || true)
+    # componentize-py also exports its own start-up hook, an unnamed-package interface
+    # `exports` (its `init`, which the daemon never calls); only inferd:plugin/* counts.
+    exports=$(grep -E '^\s*export ' <<<"$world" | grep -Evx '\s*export exports: interface \{' || true)
     [[ $(grep -c . <<<"$exports") -eq 1 ]] &&
         grep -Eqx '\s*export inferd:plugin/(logits-processor|context-processor|sampler)@[0-9.]+;' <<<"$exports" ||
         die "$f: must export exactly one of inferd:plugin/logits-processor, context-processor, sampler; found:"$'\n'"$exports"
 done
-note "$((${#built[@]} - n_test)) plugins in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT, imports checked"
+note "$((${#built[@]} - n_test)) plugins in $OUT, $((n_test - ${#lang_built[@]})) test-only in $TEST_OUT, all in $E2E_OUT; ${#lang_built[@]} Python/JavaScript in ${E2E_LANG_PLUGINS_OUT:-(skipped)}; imports checked"

@@ -7,6 +7,6 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/fetch-model.sh
-scripts/build-plugins.sh
+scripts/build-plugins.sh --no-python-js
 cargo build --release -p inferd -p inferd-cli
 exec "${CARGO_TARGET_DIR:-target}/release/inferd" serve --config configs/inferd.toml "$@"

@@ -144,3 +144,41 @@ fn a_trap_in_a_wasi_plugin_fails_only_its_request() {
         .process(&step(&[]), &mut logits())
         .expect("unaffected");
 }
+
+/// The build scripts check components against `scripts/wasi-allowed.sh`: the same list
+/// as the daemon's, no more and no less (checked over every WASI 0.2 interface name).
+#[test]
+fn the_build_scripts_allow_exactly_the_daemons_wasi_list() {
+    let others = [
+        "wasi:cli/run",
+        "wasi:cli/command",
+        "wasi:http/types",
+        "wasi:http/outgoing-handler",
+        "wasi:http/incoming-handler",
+        "wasi:keyvalue/store",
+        "wasi:config/runtime",
+        "wasi:random/secure",
+        "wasi:filesystem/other",
+        "wasi:sockets/dns",
+    ];
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/wasi-allowed.sh");
+    let names: Vec<&str> = ALLOWED_INTERFACES.iter().chain(&others).copied().collect();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"source "$1"; shift; for n; do [[ ${n#wasi:} =~ ^($WASI_ALLOWED)$ ]] && echo "$n"; done; true"#)
+        .arg("bash")
+        .arg(script)
+        .args(&names)
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allowed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(allowed, ALLOWED_INTERFACES);
+}
