@@ -52,6 +52,9 @@ status=0
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # The Python client's and the browser page's tests, against the daemon built above.
 "$py" -m pytest -q -p no:cacheprovider clients/python/tests tests/browser 2>&1 | tee -a "$log" || status=$?
+# no_digits_js's matcher under plain Node (plugins/no_digits_js/test.mjs; node is there
+# since build-plugins.sh built the JavaScript plugins with it).
+node plugins/no_digits_js/test.mjs 2>&1 | tee -a "$log" || status=$?
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml \
     --target-dir target/plugins-build -- -D warnings
