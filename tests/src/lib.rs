@@ -413,6 +413,29 @@ impl Client {
         }
     }
 
+    /// Sends every request, then collects frames until each has ended; by request id.
+    pub async fn generate_all(
+        &mut self,
+        reqs: &[Value],
+    ) -> Result<std::collections::HashMap<String, Generation>> {
+        for r in reqs {
+            self.send(r).await?;
+        }
+        let mut out = std::collections::HashMap::<String, Generation>::new();
+        let mut open = reqs.len();
+        while open > 0 {
+            let f = self.recv().await?;
+            let id = f["id"]
+                .as_str()
+                .ok_or_else(|| anyhow!("frame without an id: {f}"))?
+                .to_string();
+            if out.entry(id).or_default().absorb(f) {
+                open -= 1;
+            }
+        }
+        Ok(out)
+    }
+
     /// Sends `{"type":"stats"}` and returns the `stats` frame (other frames on this
     /// connection are an error: use a connection of its own).
     pub async fn stats(&mut self) -> Result<Value> {

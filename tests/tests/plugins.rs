@@ -18,19 +18,7 @@ fn chat(id: &str, content: &str, max_tokens: u64, plugins: Value) -> Value {
 
 /// Sends every request, then collects frames until each has ended.
 async fn run_all(c: &mut Client, reqs: &[Value]) -> HashMap<String, Generation> {
-    for r in reqs {
-        c.send(r).await.expect("send");
-    }
-    let mut out: HashMap<String, Generation> = HashMap::new();
-    let mut open = reqs.len();
-    while open > 0 {
-        let f = c.recv().await.expect("frame");
-        let id = f["id"].as_str().expect("frame id").to_string();
-        if out.entry(id).or_default().absorb(f) {
-            open -= 1;
-        }
-    }
-    out
+    c.generate_all(reqs).await.expect("generate")
 }
 
 fn error_message(g: &Generation) -> &str {
@@ -56,7 +44,7 @@ async fn plugins_message_lists_the_bundled_plugins() {
     let f = c.recv().await.expect("frame");
     assert_eq!(f["type"], "plugins");
     assert_eq!(f["id"], "p");
-    assert_eq!(f["interface"], "inferd:plugin@0.1.0");
+    assert_eq!(f["interface"], "inferd:plugin@0.1.1");
     let list = f["plugins"].as_array().expect("plugins array");
     let world = |name: &str| {
         list.iter()

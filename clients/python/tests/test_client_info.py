@@ -51,7 +51,7 @@ def test_plugins_are_typed(daemon: Daemon, check: FrameChecker) -> None:
             return await c.plugins()
 
     p = run(body())
-    assert p.interface == "inferd:plugin@0.1.0"
+    assert p.interface == "inferd:plugin@0.1.1"
     by_name = {x.name: x for x in p.plugins}
     assert [x.name for x in p.plugins] == sorted(by_name)
     assert {"ban_words", "mirostat", "noop", "trap"} <= set(by_name)

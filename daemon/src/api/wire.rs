@@ -200,7 +200,7 @@ pub fn stats_frame(id: Option<&str>, stats: &EngineStats) -> String {
 }
 
 /// The JSON text of a `plugins` frame:
-/// `{"type":"plugins","id":…,"interface":"inferd:plugin@0.1.0","plugins":[{name, world,
+/// `{"type":"plugins","id":…,"interface":"inferd:plugin@0.1.1","plugins":[{name, world,
 /// version, description, interface, file, limits, cost}, …]}` (sorted by name).
 pub fn plugins_frame(id: Option<&str>, plugins: &[PluginDescription]) -> String {
     serde_json::json!({

@@ -104,6 +104,8 @@ pub struct PluginDescription {
 }
 
 #[cfg(test)]
+mod lang_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod wasi_tests;
