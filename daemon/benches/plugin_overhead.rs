@@ -22,10 +22,13 @@
 //! round (default 64), `INFERD_BENCH_REPEATS` rounds (default 21).
 
 mod common;
+#[path = "common/plugin_vocab.rs"]
+mod plugin_vocab;
 
 use std::path::PathBuf;
 
 use common::{model_path, size};
+use plugin_vocab::synthetic_vocab;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +37,7 @@ use inferd::model::{load, LoadOptions, MatrixPolicy, Model, SoloKv};
 use inferd::request::PluginSpec;
 use inferd::sampling::argmax;
 use inferd::sampling::wasm_plugin::{
-    PluginChain, PluginLimits, PluginRegistry, PluginSpecialTokens, PluginVocab, StepView,
+    PluginChain, PluginLimits, PluginRegistry, PluginVocab, StepView,
 };
 use inferd::tokenizer::TextTokenizer;
 use rand::{Rng, SeedableRng};
@@ -64,39 +67,6 @@ fn spec(name: &str, config: &str) -> Vec<PluginSpec> {
         name: name.into(),
         config: config.into(),
     }]
-}
-
-/// Random 1–8 byte tokens (lowercase letters and spaces), as a BPE vocabulary roughly
-/// looks, plus "Paris" pieces so `ban_words` has matches.
-fn synthetic_vocab(n: usize) -> PluginVocab {
-    let mut rng = ChaCha8Rng::seed_from_u64(n as u64);
-    let fixed: [&[u8]; 4] = [b"Paris", b" Paris", b" Par", b"is"];
-    let tokens = (0..n).map(|i| {
-        if let Some(t) = fixed.get(i) {
-            return t.to_vec();
-        }
-        let len = rng.random_range(1..=8);
-        (0..len)
-            .map(|_| {
-                let c = rng.random_range(0..27u8);
-                if c == 26 {
-                    b' '
-                } else {
-                    b'a' + c
-                }
-            })
-            .collect()
-    });
-    let eos = n as u32 - 1;
-    PluginVocab::new(
-        tokens,
-        PluginSpecialTokens {
-            bos: None,
-            eos: Some(eos),
-            end_of_generation: vec![eos],
-            control: vec![eos],
-        },
-    )
 }
 
 const BAN_CONFIG: &str = r#"{"words":["Paris","London","the capital"]}"#;
