@@ -14,7 +14,7 @@
 //   {"after": "Answer:"}  ban digits once the generated text contains "Answer:"
 //                         (a string of 1 to 256 bytes in UTF-8)
 // Errors name the field, the bound and the value, e.g.
-//   after must be a string of 1 to 256 bytes (got 7)
+//   after: must be a string of 1 to 256 bytes, got 7
 //
 // Cost:
 // - configure: one `vocab-bytes` call (the whole vocabulary in one buffer) and one pass
@@ -43,13 +43,14 @@ let matched = 0; // bytes of `after` that the generated text currently ends with
 let seen = 0; // generated ids already fed to the matcher
 let triggered = false;
 
+/// A config value as error messages show it: JSON, cut at 64 characters (as the Rust
+/// plugins' guest-support `show`), with a string's length in bytes.
 function describe(value) {
-    if (typeof value === 'string') {
-        return `a string of ${new TextEncoder().encode(value).length} bytes`;
-    }
     let text = JSON.stringify(value);
     if (text === undefined) text = String(value);
-    return text.length > 64 ? `${text.slice(0, 61)}...` : text;
+    if (text.length > 64) text = `${text.slice(0, 64)}…`;
+    if (typeof value === 'string') text += ` (${new TextEncoder().encode(value).length} bytes)`;
+    return text;
 }
 
 /// Parses and validates the config; throws a string (the `err` of configure).
@@ -58,19 +59,19 @@ function parseConfig(config) {
     try {
         cfg = JSON.parse(config);
     } catch (e) {
-        throw `config must be a JSON object (not valid JSON: ${e.message})`;
+        throw `config: not valid JSON (${e.message})`;
     }
     if (typeof cfg !== 'object' || cfg === null || Array.isArray(cfg)) {
-        throw `config must be a JSON object (got ${describe(cfg)})`;
+        throw `config: must be a JSON object, got ${describe(cfg)}`;
     }
     for (const key of Object.keys(cfg)) {
-        if (key !== 'after') throw `unknown field ${JSON.stringify(key)} (allowed: after)`;
+        if (key !== 'after') throw `${key}: unknown field (known fields: after)`;
     }
     if (!('after' in cfg)) return null;
     const value = cfg.after;
     const bytes = typeof value === 'string' ? new TextEncoder().encode(value) : null;
     if (bytes === null || bytes.length < 1 || bytes.length > MAX_AFTER_BYTES) {
-        throw `after must be a string of 1 to ${MAX_AFTER_BYTES} bytes (got ${describe(value)})`;
+        throw `after: must be a string of 1 to ${MAX_AFTER_BYTES} bytes, got ${describe(value)}`;
     }
     return bytes;
 }

@@ -123,17 +123,17 @@ check(await run({ after: 'x' }, [999, 6]), ['keep', 'keep', BAN], 'out of range 
 // Validation.
 check(await configError({}), null, '{} accepted');
 check(await configError({ after: 'x'.repeat(256) }), null, '256 bytes accepted');
-check(await configError({ after: 7 }), 'after must be a string of 1 to 256 bytes (got 7)', 'number');
-check(await configError({ after: '' }), 'after must be a string of 1 to 256 bytes (got a string of 0 bytes)', 'empty');
+check(await configError({ after: 7 }), 'after: must be a string of 1 to 256 bytes, got 7', 'number');
+check(await configError({ after: '' }), 'after: must be a string of 1 to 256 bytes, got "" (0 bytes)', 'empty');
 check(
     await configError({ after: 'é'.repeat(129) }),
-    'after must be a string of 1 to 256 bytes (got a string of 258 bytes)',
+    `after: must be a string of 1 to 256 bytes, got "${'é'.repeat(63)}… (258 bytes)`,
     'too long in bytes',
 );
-check(await configError({ after: null }), 'after must be a string of 1 to 256 bytes (got null)', 'null');
-check(await configError({ before: 'x' }), 'unknown field "before" (allowed: after)', 'unknown');
-check(await configError([1]), 'config must be a JSON object (got [1])', 'array');
-check(await configError('nope').then((e) => e.startsWith('config must be a JSON object (not valid JSON')), true, 'bad JSON');
+check(await configError({ after: null }), 'after: must be a string of 1 to 256 bytes, got null', 'null');
+check(await configError({ before: 'x' }), 'before: unknown field (known fields: after)', 'unknown');
+check(await configError([1]), 'config: must be a JSON object, got [1]', 'array');
+check(await configError('nope').then((e) => e.startsWith('config: not valid JSON (')), true, 'bad JSON');
 
 // No digit tokens at all: always keep.
 setHost(['a', 'b'], []);
