@@ -182,4 +182,4 @@ for name in "${plugins[@]}"; do
     fi
     printf 'built %-18s %s (%s bytes)\n' "$name" "$dst" "$(stat -c %s "$dst")"
 done
-note "$n_bundled plugins in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT, imports checked"
+note "JavaScript plugins: $n_bundled in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT; imports checked"

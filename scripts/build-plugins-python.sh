@@ -180,4 +180,4 @@ for toml in "$ROOT"/plugins/*/plugin.toml; do
     n_test=$((n_test + test_only))
 done
 ((n_built)) || die "no Python plugins (plugins/*/plugin.toml with language = \"python\") found"
-note "$((n_built - n_test)) Python plugins in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT, imports checked"
+note "Python plugins: $((n_built - n_test)) in $OUT, $n_test test-only in $TEST_OUT, all in $E2E_OUT; imports checked"

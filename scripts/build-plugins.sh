@@ -7,8 +7,9 @@
 # "javascript") are built by scripts/build-plugins-python.sh and build-plugins-js.sh into
 # target/lang-plugins/ (test-only ones: target/lang-test-plugins/) and all of them into
 # target/e2e-lang-plugins/: directories of their own, because each is an interpreter of
-# several MB that takes seconds to compile and needs limits above the defaults
-# (docs/plugins.md), so no daemon loads them unless pointed at them.
+# 12-18 MB that takes 6-16 s to compile (and those that take the logits row need a longer
+# call deadline than the default, docs/plugins.md), so no daemon loads them unless
+# pointed at them.
 #
 # Usage: scripts/build-plugins.sh [--no-python-js]   (from any directory)
 #        --no-python-js  only the Rust and C plugins (what scripts/run.sh serves); the

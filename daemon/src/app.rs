@@ -543,7 +543,7 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr} (server.listen)"))?;
         let local = listener.local_addr()?;
-        tracing::info!(addr = %local, "listening (GET /ready answers 503 until the model is loaded)");
+        tracing::info!(addr = %local, "listening (GET /ready answers 503 until the model and the plugins are loaded)");
         // Machine-readable, like the "listening on" line once the model is loaded.
         println!("inferd: bound to {local}, loading");
         // Signals are ours from here on: SIGTERM during loading exits cleanly.
