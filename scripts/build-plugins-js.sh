@@ -52,26 +52,11 @@ PINS="$ROOT/scripts/plugin-tools-js"
 HELPER="$ROOT/scripts/componentize-js.mjs"
 WIT="$ROOT/wit"
 WASM_TOOLS_VERSION=1.263.0
-# The WASI 0.2 interfaces the daemon links for plugins that import WASI.
-# shellcheck source=scripts/wasi-allowed.sh
-source "$ROOT/scripts/wasi-allowed.sh"
+SCRIPT_NAME=build-plugins-js
+# WASI_ALLOWED, die, note, as_root.
+# shellcheck source=scripts/plugin-build-lib.sh
+source "$ROOT/scripts/plugin-build-lib.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
-
-die() {
-    echo "build-plugins-js: error: $*" >&2
-    exit 1
-}
-note() { echo "build-plugins-js: $*" >&2; }
-
-# Runs a command as root: directly when root, else with sudo.
-as_root() {
-    if [[ $(id -u) -eq 0 ]]; then
-        "$@"
-    else
-        command -v sudo >/dev/null || die "need root or sudo to run: $*"
-        sudo "$@"
-    fi
-}
 
 # Prints the string value of `key = "value"` in TOML file $1 (top-level keys only).
 toml_string() {

@@ -63,26 +63,11 @@ WASI_SYSROOT="${WASI_SYSROOT:-/usr}"
 WIT_BINDGEN_VERSION=0.63.0
 WASM_TOOLS_VERSION=1.263.0
 TARGET=wasm32-wasip2
-# The WASI 0.2 interfaces the daemon links for plugins that import WASI.
-# shellcheck source=scripts/wasi-allowed.sh
-source "$ROOT/scripts/wasi-allowed.sh"
+SCRIPT_NAME=build-plugins
+# WASI_ALLOWED, die, note, as_root.
+# shellcheck source=scripts/plugin-build-lib.sh
+source "$ROOT/scripts/plugin-build-lib.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
-
-die() {
-    echo "build-plugins: error: $*" >&2
-    exit 1
-}
-note() { echo "build-plugins: $*" >&2; }
-
-# Runs a command as root: directly when root, else with sudo.
-as_root() {
-    if [[ $(id -u) -eq 0 ]]; then
-        "$@"
-    else
-        command -v sudo >/dev/null || die "need root or sudo to run: $*"
-        sudo "$@"
-    fi
-}
 
 # ---------------------------------------------------------------------------------------
 # 1. Tools
