@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::tests::{chain as rust_chain, expect_trap, logits, spec, step, vocab};
+use super::wasi_tests::{field, pairs};
 use super::*;
 use crate::error::ErrorKind;
 use crate::request::PluginSpec;
@@ -163,20 +164,7 @@ fn an_exception_fails_only_its_own_request() {
 /// The Python probe's sandbox report (see plugins/py_probe) for a request seeded with
 /// `seed`, as `key=value` pairs.
 fn py_report(seed: u64) -> Vec<(String, String)> {
-    configure_error("py_probe", r#"{"report": true}"#, seed)
-        .split(' ')
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("key=value");
-            (k.to_string(), v.to_string())
-        })
-        .collect()
-}
-
-fn field<'a>(r: &'a [(String, String)], key: &str) -> &'a str {
-    r.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("{key} missing in {r:?}"))
+    pairs(&configure_error("py_probe", r#"{"report": true}"#, seed))
 }
 
 #[test]
@@ -220,13 +208,7 @@ fn python_random_comes_from_the_request_seed() {
 fn javascript_sees_virtual_time_and_seeded_random() {
     let report = |seed| configure_error("js_probe", r#"{"report": true}"#, seed);
     let (a, b, c) = (report(7), report(7), report(8));
-    let kv: Vec<(String, String)> = a
-        .split(' ')
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("key=value");
-            (k.to_string(), v.to_string())
-        })
-        .collect();
+    let kv = pairs(&a);
     let wall: u64 = field(&kv, "wall").parse().expect("secs");
     assert_eq!(wall, VIRTUAL_EPOCH_S);
     assert_eq!(a, b, "same seed, same report");

@@ -17,7 +17,13 @@ fn report(seed: u64) -> Vec<(String, String)> {
         .message
         .strip_prefix(prefix)
         .unwrap_or_else(|| panic!("{:?} lacks {prefix:?}", e.message));
-    body.split(' ')
+    pairs(body)
+}
+
+/// A probe's one-line report, `key=value` pairs separated by spaces.
+pub(super) fn pairs(report: &str) -> Vec<(String, String)> {
+    report
+        .split(' ')
         .map(|kv| {
             let (k, v) = kv.split_once('=').expect("key=value");
             (k.to_string(), v.to_string())
@@ -25,7 +31,7 @@ fn report(seed: u64) -> Vec<(String, String)> {
         .collect()
 }
 
-fn field<'a>(r: &'a [(String, String)], key: &str) -> &'a str {
+pub(super) fn field<'a>(r: &'a [(String, String)], key: &str) -> &'a str {
     r.iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
@@ -145,7 +151,7 @@ fn a_trap_in_a_wasi_plugin_fails_only_its_request() {
         .expect("unaffected");
 }
 
-/// The build scripts check components against `scripts/wasi-allowed.sh`: the same list
+/// The build scripts check components against `scripts/plugin-build-lib.sh`: the same list
 /// as the daemon's, no more and no less (checked over every WASI 0.2 interface name).
 #[test]
 fn the_build_scripts_allow_exactly_the_daemons_wasi_list() {
@@ -161,7 +167,10 @@ fn the_build_scripts_allow_exactly_the_daemons_wasi_list() {
         "wasi:filesystem/other",
         "wasi:sockets/dns",
     ];
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/wasi-allowed.sh");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/plugin-build-lib.sh"
+    );
     let names: Vec<&str> = ALLOWED_INTERFACES.iter().chain(&others).copied().collect();
     let out = std::process::Command::new("bash")
         .arg("-c")
