@@ -20,7 +20,7 @@ use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::PrefixCaching;
 use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits, Speculation};
-use crate::server::{serve, Engine, SharedPlugins, State};
+use crate::server::{serve, ConnectionLimits, Engine, SharedPlugins, State};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
 mod draft;
@@ -537,6 +537,14 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
         .listen
         .parse()
         .with_context(|| format!("server.listen = \"{}\"", settings.server.listen))?;
+    let nofile = crate::server::ensure_nofile(settings.server.max_connections)?;
+    tracing::info!(
+        soft = nofile.soft,
+        hard = nofile.hard,
+        raised_from = nofile.raised_from,
+        max_connections = settings.server.max_connections,
+        "open-file limit (RLIMIT_NOFILE)"
+    );
     let system = actix::System::new();
     system.block_on(async move {
         let listener = TcpListener::bind(addr)
@@ -551,6 +559,7 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let state = State::new(settings.server.api_key.clone());
+        state.set_connection_limits(ConnectionLimits::from_config(&settings.server));
         let (stop_accepting, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = actix_rt::spawn(serve(listener, state.clone(), async move {
             let _ = stopped.await;
@@ -619,6 +628,7 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
 
 /// SIGHUP: reads the settings again and applies what can change while running
 /// (`server.api_key`, `server.max_message_bytes`, `server.shutdown_grace_s`,
+/// `server.max_connections`, `server.header_timeout_ms`,
 /// `[sampling]`, `[plugins]` with the plugin directory compiled again, `log.level`).
 /// Streams in flight are untouched (a request keeps the plugins it was set up with).
 /// Changes to other settings are logged as needing a restart and not applied. An
@@ -662,6 +672,7 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
                 effective_sampling(&for_defaults, &running.tokenizer),
                 new.server.max_message_bytes,
             );
+            state.set_connection_limits(ConnectionLimits::from_config(&new.server));
             if let Ok(false) = crate::telemetry::set_level(&new.log.level) {
                 tracing::info!("reload: RUST_LOG is set and governs the log level");
             }
@@ -695,6 +706,7 @@ async fn try_reload(
     Option<crate::tokenizer::ChatTemplate>,
 )> {
     let new = source.load()?;
+    crate::server::ensure_nofile(new.server.max_connections)?;
     let template = load_chat_template(&new.model.chat_template, &running.tokenizer)?;
     let mut for_defaults = new.clone();
     for_defaults.model.generation_config = current.model.generation_config;

@@ -5,7 +5,6 @@
 //! stop start-up with a message naming the key.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, Visitor};
@@ -14,43 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::api::SamplingDefaults;
 use crate::model::{Kernels, Quantize};
 
+mod server;
 mod speculative;
+pub use server::ServerConfig;
 pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};
-
-/// `[server]`: the listener.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Address to listen on (`host:port`); port 0 picks a free port (logged at start-up).
-    pub listen: String,
-    /// Largest accepted WebSocket message or HTTP request body, in bytes.
-    #[serde(deserialize_with = "whole_number")]
-    pub max_message_bytes: usize,
-    /// Bearer token required on `/v1/*` (HTTP `Authorization: Bearer KEY`, also for the
-    /// WebSocket upgrade); `None` = no authentication. `/health`, `/ready` and `/metrics`
-    /// stay open. Reloaded on SIGHUP.
-    pub api_key: Option<String>,
-    /// Allow a non-loopback `listen` address without `api_key` (default `false`: such a
-    /// configuration is refused at start-up).
-    #[serde(deserialize_with = "strict_bool")]
-    pub allow_remote_without_api_key: bool,
-    /// On SIGTERM/SIGINT, seconds running requests may take to finish before the rest are
-    /// cancelled (`finish_reason: "cancelled"`). Bound `[0, 3600]`. Reloaded on SIGHUP.
-    #[serde(deserialize_with = "whole_number")]
-    pub shutdown_grace_s: u64,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".into(),
-            max_message_bytes: 4 << 20,
-            api_key: None,
-            allow_remote_without_api_key: false,
-            shutdown_grace_s: 30,
-        }
-    }
-}
 
 /// `[model]`: which model to load and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -670,46 +636,7 @@ impl Settings {
     /// The first invalid value found.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
-        if self.server.listen.parse::<SocketAddr>().is_err() {
-            return bad(format!(
-                "server.listen must be an address like 127.0.0.1:8080 (got \"{}\")",
-                self.server.listen
-            ));
-        }
-        if let Some(key) = &self.server.api_key {
-            if key.is_empty() || key.len() > 1024 || !key.bytes().all(|b| b.is_ascii_graphic()) {
-                return bad(format!(
-                    "server.api_key must be 1 to 1024 printable ASCII characters without \
-                     spaces (got {} bytes)",
-                    key.len()
-                ));
-            }
-        }
-        if let Ok(addr) = self.server.listen.parse::<SocketAddr>() {
-            if !addr.ip().is_loopback()
-                && self.server.api_key.is_none()
-                && !self.server.allow_remote_without_api_key
-            {
-                return bad(format!(
-                    "server.listen = \"{}\" is reachable from other machines but \
-                     server.api_key is not set: set an API key, or set \
-                     server.allow_remote_without_api_key = true to serve without one",
-                    self.server.listen
-                ));
-            }
-        }
-        if self.server.shutdown_grace_s > 3600 {
-            return bad(format!(
-                "server.shutdown_grace_s must be in [0, 3600] seconds (got {})",
-                self.server.shutdown_grace_s
-            ));
-        }
-        if self.server.max_message_bytes < 1024 {
-            return bad(format!(
-                "server.max_message_bytes must be >= 1024 (got {})",
-                self.server.max_message_bytes
-            ));
-        }
+        self.server.validate().map_err(ConfigError)?;
         if self.model.path.as_os_str().is_empty() {
             return bad("model.path must not be empty".into());
         }

@@ -49,6 +49,14 @@ pub struct Metrics {
     pub e2e: Histogram,
     /// Requests that failed with `plugin_trap` (trap, deadline, limit, bad answer).
     pub plugin_traps: IntCounter,
+    /// TCP connections refused at accept because `server.max_connections` were open.
+    pub connections_refused: IntCounter,
+    /// TCP connections open (HTTP, keep-alive and WebSocket), each holding one of the
+    /// `server.max_connections` slots.
+    pub connections_open: IntGauge,
+    /// Connections closed because a request's headers did not arrive within
+    /// `server.header_timeout_ms` (slowloris, or idle keep-alive).
+    pub connection_header_timeouts: IntCounter,
     running: IntGauge,
     waiting: IntGauge,
     kv_blocks_used: IntGauge,
@@ -154,6 +162,28 @@ impl Metrics {
                 IntCounter::new(
                     "plugin_traps_total",
                     "Requests ended by a plugin trap, deadline or limit",
+                )?,
+            ),
+            connections_refused: registered(
+                &r,
+                IntCounter::new(
+                    "connections_refused_total",
+                    "Connections refused at accept because server.max_connections were open",
+                )?,
+            ),
+            connections_open: registered(
+                &r,
+                IntGauge::new(
+                    "connections_open",
+                    "TCP connections open (HTTP and WebSocket)",
+                )?,
+            ),
+            connection_header_timeouts: registered(
+                &r,
+                IntCounter::new(
+                    "connection_header_timeouts_total",
+                    "Connections closed because request headers did not arrive within \
+                     server.header_timeout_ms",
                 )?,
             ),
             running: registered(
@@ -288,6 +318,8 @@ mod tests {
         let m = Metrics::new().expect("metrics");
         m.requests.with_label_values(&["stop"]).inc();
         m.ttft.observe(0.2);
+        m.connections_refused.inc_by(5);
+        m.connections_open.set(2);
         let mut st = EngineStats {
             running: 3,
             waiting: 2,
@@ -306,6 +338,9 @@ mod tests {
             "inferd_requests_total{finish_reason=\"stop\"} 1",
             "inferd_time_to_first_token_seconds_bucket{le=\"0.25\"} 1",
             "inferd_requests_running 3",
+            "inferd_connections_refused_total 5",
+            "inferd_connections_open 2",
+            "inferd_connection_header_timeouts_total 0",
             "inferd_requests_waiting 2",
             "inferd_kv_blocks_used 7",
             "inferd_kv_blocks_total 728",

@@ -5,10 +5,16 @@
 //! are validated through `api`, handed to the tokenizer stage, and each request's events
 //! are forwarded back.
 //!
+//! Every accepted TCP connection holds a slot under `server.max_connections` until its
+//! socket closes; one beyond it gets a canned `503` at accept (`limit`), and the
+//! open-file limit is raised and checked against it at start-up (`nofile`).
+//!
 //! Everything here runs on the actix system thread (connections are spawned with
 //! `actix_rt::spawn`), so shared state is `Rc`/`RefCell`.
 
 mod http;
+mod limit;
+mod nofile;
 mod openai;
 mod openai_choices;
 mod openai_logprobs;
@@ -27,7 +33,7 @@ use actix::Addr;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::api::SamplingDefaults;
@@ -37,6 +43,9 @@ use crate::sampling::wasm_plugin::PluginRegistry;
 use crate::scheduler::SchedulerActor;
 use crate::tokenizer::actor::Prepare;
 use crate::tokenizer::TokenizerActor;
+pub use limit::ConnectionLimits;
+use limit::{Counted, RefusalLog, Slots};
+pub use nofile::{ensure_nofile, Nofile, RESERVED_FDS};
 pub use tracker::{Tracked, Tracker};
 
 /// The loaded plugins, replaced as a whole when SIGHUP reloads `plugins.dir`; a request
@@ -86,6 +95,13 @@ pub struct State {
     closing: watch::Sender<bool>,
     connections: Cell<usize>,
     connections_changed: Notify,
+    /// `server.max_connections` and `server.header_timeout_ms`.
+    limits: Cell<ConnectionLimits>,
+    /// The open TCP connections, each holding a slot until its socket closes.
+    slots: Slots,
+    /// What a connection beyond the limit is sent (built when the limits change).
+    refusal: RefCell<Rc<[u8]>>,
+    refusal_log: RefusalLog,
 }
 
 impl State {
@@ -100,7 +116,28 @@ impl State {
             closing: watch::channel(false).0,
             connections: Cell::new(0),
             connections_changed: Notify::new(),
+            limits: Cell::new(ConnectionLimits::default()),
+            slots: Slots::default(),
+            refusal: RefCell::new(
+                limit::refusal_response(ConnectionLimits::default().max_connections).into(),
+            ),
+            refusal_log: RefusalLog::default(),
         })
+    }
+
+    /// Sets `server.max_connections` and `server.header_timeout_ms` (at start-up and on
+    /// SIGHUP); they apply from the next accepted connection. Lowering the limit closes
+    /// nothing: connections beyond it are refused until enough have closed.
+    pub fn set_connection_limits(&self, limits: ConnectionLimits) {
+        if limits.max_connections != self.limits.get().max_connections {
+            *self.refusal.borrow_mut() = limit::refusal_response(limits.max_connections).into();
+        }
+        self.limits.set(limits);
+    }
+
+    /// TCP connections open now (each counts once, through a WebSocket upgrade too).
+    pub fn open_connections(&self) -> usize {
+        self.slots.open()
     }
 
     /// The model is loaded and the pipeline runs: start serving requests.
@@ -243,7 +280,21 @@ pub async fn serve(listener: TcpListener, state: Rc<State>, stop: impl Future<Ou
             () = &mut stop => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    actix_rt::spawn(connection(stream, state.clone()));
+                    let limits = state.limits.get();
+                    match state.slots.try_take(limits.max_connections) {
+                        Some(slot) => {
+                            let _ = stream.set_nodelay(true);
+                            let io = Counted::new(stream, slot);
+                            actix_rt::spawn(connection(io, state.clone(), limits.header_timeout));
+                        }
+                        None => {
+                            // Beyond the limit: answered and closed here, without a task
+                            // and without waiting for the client.
+                            let response = state.refusal.borrow().clone();
+                            limit::refuse(stream, &response);
+                            state.refusal_log.refused(limits);
+                        }
+                    }
                 }
                 Err(e) => {
                     // Out of file descriptors and similar: back off briefly, keep serving.
@@ -255,11 +306,12 @@ pub async fn serve(listener: TcpListener, state: Rc<State>, stop: impl Future<Ou
     }
 }
 
-/// Seconds a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-async fn connection(stream: TcpStream, state: Rc<State>) {
-    let _ = stream.set_nodelay(true);
+/// Serves one accepted connection. `header_timeout` bounds the wait for each request's
+/// headers, counted from the accept or the previous response (hyper restarts it when a
+/// keep-alive connection goes idle), so a slowloris client, an idle socket and an idle
+/// keep-alive connection all give their slot back; a WebSocket session, once upgraded,
+/// keeps the slot until it closes.
+async fn connection(stream: Counted, state: Rc<State>, header_timeout: Duration) {
     let _open = state.connection_opened();
     let st = state.clone();
     let service = service_fn(move |req| {
@@ -268,13 +320,16 @@ async fn connection(stream: TcpStream, state: Rc<State>) {
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
+                if e.is_timeout() {
+                    crate::metrics::metrics().connection_header_timeouts.inc();
+                }
                 tracing::debug!(error = %e, "http connection ended with an error");
             }
         }
