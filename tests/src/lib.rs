@@ -17,6 +17,8 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+pub mod soak;
+
 /// File name of the default model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -63,10 +65,20 @@ pub fn fixture(rel: &str) -> Value {
 /// # Panics
 /// When it has not been built.
 pub fn inferd_binary() -> PathBuf {
+    // Another build to test (the soak's allocator comparison): INFERD_BINARY.
+    if let Some(b) = std::env::var_os("INFERD_BINARY") {
+        return PathBuf::from(b);
+    }
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test-exe> -> target/<profile>/inferd
+    // target/<profile>/deps/<test-exe> -> target/<profile>/inferd; a binary of this
+    // crate (target/<profile>/inferd-soak) has it beside itself.
+    let name = format!("inferd{}", std::env::consts::EXE_SUFFIX);
+    let beside = exe.parent().map(|d| d.join(&name));
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join(format!("inferd{}", std::env::consts::EXE_SUFFIX));
+    let bin = match beside {
+        Some(b) if b.is_file() => b,
+        _ => dir.join(&name),
+    };
     assert!(
         bin.is_file(),
         "{} not found: build it first with `cargo build --workspace --bins`",
@@ -375,8 +387,13 @@ impl Client {
 
     /// Next JSON frame (60 s timeout).
     pub async fn recv(&mut self) -> Result<Value> {
+        self.recv_within(Duration::from_secs(60)).await
+    }
+
+    /// Next JSON frame, waiting at most `timeout`.
+    pub async fn recv_within(&mut self, timeout: Duration) -> Result<Value> {
         loop {
-            let msg = tokio::time::timeout(Duration::from_secs(60), self.ws.next())
+            let msg = tokio::time::timeout(timeout, self.ws.next())
                 .await
                 .map_err(|_| anyhow!("timed out waiting for a frame"))?
                 .ok_or_else(|| anyhow!("connection closed"))??;

@@ -1,0 +1,88 @@
+//! `inferd-soak`: runs the soak scenario (`inferd_e2e::soak`) against the built daemon
+//! and the default model, prints a table, writes `soak.json` and `soak-rss.svg`, and
+//! exits 1 when a check fails.
+//!
+//! ```text
+//! cargo build --release -p inferd -p inferd-e2e --bins
+//! target/release/inferd-soak --connections 64 --minutes 30 --out target/soak
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use inferd_e2e::soak::{self, Options};
+
+/// Soak the daemon: a realistic mix of traffic for a while, then check that it is idle,
+/// owns no KV blocks, holds no extra file descriptors or threads, and that its resident
+/// memory stayed flat after warm-up.
+#[derive(Parser)]
+struct Args {
+    /// Concurrent client connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Minutes of traffic.
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 10.0)]
+    sample_s: f64,
+    /// Share of the run counted as warm-up (the RSS slope is fitted over the rest).
+    #[arg(long, default_value_t = 0.2)]
+    warmup_fraction: f64,
+    /// Largest accepted RSS slope after warm-up, MB per minute.
+    #[arg(long, default_value_t = 0.05)]
+    max_rss_slope: f64,
+    /// Turn the prefix store (the disk tier of the prefix cache) off.
+    #[arg(long)]
+    no_prefix_store: bool,
+    /// Config file (default: configs/inferd.toml, the shipped defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Extra settings as KEY=VALUE environment variables (`INFERD__SCHEDULER__MAX_RUNNING=8`).
+    #[arg(long = "env", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Seed of the traffic mix.
+    #[arg(long, default_value_t = 21)]
+    seed: u64,
+    /// Where soak.json and soak-rss.svg go.
+    #[arg(long, default_value = "target/soak")]
+    out: PathBuf,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = Args::parse();
+    let opts = Options {
+        connections: a.connections,
+        duration: Duration::from_secs_f64(a.minutes * 60.0),
+        sample_s: a.sample_s,
+        warmup_fraction: a.warmup_fraction,
+        max_rss_slope_mb_per_min: a.max_rss_slope,
+        prefix_store: !a.no_prefix_store,
+        config: a
+            .config
+            .unwrap_or_else(|| inferd_e2e::workspace_root().join("configs/inferd.toml")),
+        env: a.env,
+        seed: a.seed,
+    };
+    let report = soak::run(&opts).await?;
+    let (json, svg) = report.write(&a.out)?;
+    println!("{}", report.table());
+    println!("wrote {} and {}", json.display(), svg.display());
+    let problems = report.problems();
+    for p in &problems {
+        eprintln!("FAIL: {p}");
+    }
+    if !problems.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

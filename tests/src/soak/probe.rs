@@ -1,0 +1,171 @@
+//! What the soak samples: the daemon process's resident memory, file descriptors and
+//! threads from `/proc/PID` (Linux), the engine's state from the WebSocket `stats`
+//! message, and the prefix store's bytes on disk.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+/// One sample of the series (every `sample_s` seconds of a soak run).
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the workload started.
+    pub t_s: f64,
+    /// Resident set size, MB (10^6 bytes; `VmRSS` of `/proc/PID/status`).
+    pub rss_mb: f64,
+    /// Open file descriptors (`/proc/PID/fd` entries).
+    pub fds: usize,
+    /// Threads (`/proc/PID/task` entries).
+    pub threads: usize,
+    /// KV cache blocks owned by sequences (`stats.kv_blocks_used`).
+    pub kv_blocks_used: u64,
+    /// Requests running / waiting (`stats.running`, `stats.waiting`).
+    pub running: u64,
+    /// Requests waiting for admission.
+    pub waiting: u64,
+    /// Blocks held by the memory tier of the prefix cache (`prefix_cache.memory_blocks`).
+    pub memory_blocks: u64,
+    /// Blocks in the disk tier (`prefix_cache.disk_blocks`).
+    pub disk_blocks: u64,
+    /// Bytes of the files under the store's `blocks/` (file lengths).
+    pub store_block_bytes: u64,
+    /// Bytes of the files under the store's `index/` (sled).
+    pub store_index_bytes: u64,
+    /// MB the daemon holds from its allocator (`inferd_allocator_allocated_bytes`).
+    pub allocated_mb: Option<f64>,
+    /// MB its allocator keeps in memory (`inferd_allocator_resident_bytes`).
+    pub allocator_resident_mb: Option<f64>,
+}
+
+/// Resident set size in kB, open file descriptors and threads of process `pid`.
+///
+/// # Errors
+/// When `/proc/PID` cannot be read (the process is gone, or not Linux).
+pub fn process(pid: u32) -> Result<(u64, usize, usize)> {
+    let base = Path::new("/proc").join(pid.to_string());
+    let status = std::fs::read_to_string(base.join("status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))?;
+    let fds = std::fs::read_dir(base.join("fd"))?.count();
+    let threads = std::fs::read_dir(base.join("task"))?.count();
+    Ok((rss_kb, fds, threads))
+}
+
+/// Sum of the lengths of the regular files under `dir` (0 when it does not exist).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// One sample: the process figures of `pid`, the engine's from a `stats` frame, and the
+/// store directory's sizes.
+///
+/// # Errors
+/// When `/proc/PID` cannot be read.
+pub fn sample(t_s: f64, pid: u32, stats: &Value, metrics: &str, store: &Path) -> Result<Sample> {
+    let (rss_kb, fds, threads) = process(pid)?;
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    Ok(Sample {
+        t_s,
+        rss_mb: rss_kb as f64 * 1024.0 / 1e6,
+        fds,
+        threads,
+        kv_blocks_used: n(&stats["kv_blocks_used"]),
+        running: n(&stats["running"]),
+        waiting: n(&stats["waiting"]),
+        memory_blocks: n(&stats["prefix_cache"]["memory_blocks"]),
+        disk_blocks: n(&stats["prefix_cache"]["disk_blocks"]),
+        store_block_bytes: dir_bytes(&store.join("blocks")),
+        store_index_bytes: dir_bytes(&store.join("index")),
+        allocated_mb: metric(metrics, "inferd_allocator_allocated_bytes").map(|b| b / 1e6),
+        allocator_resident_mb: metric(metrics, "inferd_allocator_resident_bytes").map(|b| b / 1e6),
+    })
+}
+
+/// The value of the first sample of `family` in a Prometheus text exposition.
+pub fn metric(text: &str, family: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Least-squares slope of `y` over `x` (units of y per unit of x); 0 for fewer than two
+/// points or no spread in `x`.
+pub fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    if sxx == 0.0 {
+        0.0
+    } else {
+        sxy / sxx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_of_a_line_and_of_noise() {
+        let line: Vec<_> = (0..10)
+            .map(|i| (f64::from(i), 3.0 * f64::from(i) + 1.0))
+            .collect();
+        assert!((slope(&line) - 3.0).abs() < 1e-12);
+        let flat = [(0.0, 5.0), (1.0, 6.0), (2.0, 5.0), (3.0, 6.0)];
+        assert!((slope(&flat) - 0.2).abs() < 1e-12);
+        assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
+    }
+
+    #[test]
+    fn metric_reads_a_family_with_or_without_labels() {
+        let text =
+            "# HELP x\ninferd_a_bytes{allocator=\"jemalloc\"} 1234\ninferd_ab 7\ninferd_b 2.5\n";
+        assert_eq!(metric(text, "inferd_a_bytes"), Some(1234.0));
+        assert_eq!(metric(text, "inferd_b"), Some(2.5));
+        assert_eq!(metric(text, "inferd_a"), None);
+    }
+
+    #[test]
+    fn this_process_has_memory_fds_and_threads() {
+        let (rss_kb, fds, threads) = process(std::process::id()).expect("own /proc");
+        assert!(rss_kb > 100, "{rss_kb}");
+        assert!(fds >= 3, "{fds}");
+        assert!(threads >= 1, "{threads}");
+    }
+
+    #[test]
+    fn dir_bytes_sums_nested_files() {
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(d.path().join("a/b")).expect("mkdir");
+        std::fs::write(d.path().join("x"), [0u8; 10]).expect("write");
+        std::fs::write(d.path().join("a/b/y"), [0u8; 32]).expect("write");
+        assert_eq!(dir_bytes(d.path()), 42);
+        assert_eq!(dir_bytes(&d.path().join("missing")), 0);
+    }
+}

@@ -1,0 +1,69 @@
+//! The one-minute soak (issue 21) in the test command: 16 connections of mixed traffic
+//! (WebSocket and HTTP/SSE, greedy and sampled, plugins, cancels, disconnects, malformed
+//! frames, tokenize, prefix-cache hits from memory and disk, long prompts) against the
+//! default config with the prefix store on. The 30-minute runs (`inferd-soak`) and their
+//! figures are in docs/performance.md, section "Soak".
+
+use std::time::Duration;
+
+use inferd_e2e::soak::{self, Options};
+
+/// RSS slope bound of the one-minute run, MB per minute: a minute is too short to tell
+/// 0.05 MB/min from noise, so this only catches gross leaks (a request's buffers kept,
+/// about 1 MB each at this rate of requests, would exceed it many times over).
+const ONE_MINUTE_RSS_SLOPE_BOUND: f64 = 60.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_minute_soak_leaves_the_daemon_idle_with_flat_resources() {
+    let opts = Options {
+        connections: 16,
+        duration: Duration::from_secs(60),
+        sample_s: 2.0,
+        // A KV pool of 64 MiB (180 blocks instead of the default 728): every block has
+        // been written (its pages made resident) within the first seconds, so what the
+        // fit sees after warm-up is not the pool filling in; it also makes the memory
+        // tier evict, so cold documents come back from the disk tier.
+        warmup_fraction: 0.3,
+        max_rss_slope_mb_per_min: ONE_MINUTE_RSS_SLOPE_BOUND,
+        prefix_store: true,
+        config: inferd_e2e::workspace_root().join("configs/inferd.toml"),
+        env: vec![(
+            "INFERD__SCHEDULER__KV_CACHE_BYTES".into(),
+            (64u64 << 20).to_string(),
+        )],
+        seed: 21,
+    };
+    let report = soak::run(&opts).await.expect("soak run");
+    let out = inferd_e2e::workspace_root().join("target/soak-test");
+    report.write(&out).expect("write report");
+    println!("{}", report.table());
+    let o = &report.outcomes;
+    // Every kind of traffic happened.
+    for k in [
+        "finished",
+        "cancelled",
+        "dropped",
+        "bad_frames_answered",
+        "tokenized",
+        "http_streams",
+    ] {
+        assert!(o[k].as_u64().unwrap_or(0) > 0, "no {k} in {o}");
+    }
+    assert!(
+        o["cached_tokens"].as_u64().unwrap_or(0) > 0,
+        "no prefix cache hits: {o}"
+    );
+    let pc = &report.final_stats["prefix_cache"];
+    assert!(pc["disk_written_blocks"].as_u64().unwrap_or(0) > 0, "{pc}");
+    assert!(
+        pc["disk_hit_tokens"].as_u64().unwrap_or(0) > 0,
+        "no prefix cache hits from disk: {pc}"
+    );
+    assert!(
+        report.samples.len() >= 25,
+        "{} samples",
+        report.samples.len()
+    );
+    let problems = report.problems();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
