@@ -192,7 +192,8 @@ fn http_options(
     };
     let logprobs = match (endpoint, &body.logprobs) {
         (Endpoint::Chat, l) => l == &Some(LogprobsField::Flag(true)),
-        (Endpoint::Completion, l) => l.is_some(),
+        // `logprobs: false` (or `null`) asks for none, as an absent field does.
+        (Endpoint::Completion, l) => !matches!(l, None | Some(LogprobsField::Flag(false))),
     };
     Ok(ResponseOptions {
         stream,

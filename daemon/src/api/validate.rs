@@ -504,8 +504,14 @@ fn parse_sampling(
     };
     let (n, echo) = choices::parse_choices(body)?;
     // OpenAI chat's max_completion_tokens replaces max_tokens; errors name the one given.
+    // A max_tokens beside it is still checked: out of bounds, it is refused, not ignored.
     let max_tokens = match (&body.max_completion_tokens, &body.max_tokens) {
-        (Some(v), _) => Some(("max_completion_tokens", v)),
+        (Some(v), ignored) => {
+            if let Some(m) = ignored {
+                choices::parse_max_tokens("max_tokens", m, echo, MAX_MAX_TOKENS, false)?;
+            }
+            Some(("max_completion_tokens", v))
+        }
         (None, v) => v.as_ref().map(|v| ("max_tokens", v)),
     };
     let max_tokens = match max_tokens {

@@ -210,3 +210,41 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
     )
     .is_ok());
 }
+
+/// Found by the edge fuzzer (`api::fuzz`): `{"messages": [...], "max_completion_tokens":
+/// 1, "max_tokens": -1}` was accepted, the `max_tokens` beside the alias that wins
+/// going unchecked.
+#[test]
+fn max_tokens_beside_max_completion_tokens_is_still_checked() {
+    for bad in [json!(-1), json!(0), json!(1_000_001), json!(1.5)] {
+        let body = chat(json!({"max_completion_tokens": 1, "max_tokens": bad}));
+        let got = refusal(body, Endpoint::Chat);
+        assert!(got.starts_with("max_tokens must be"), "{got}");
+    }
+    let (r, _) = parse(
+        chat(json!({"max_completion_tokens": 1, "max_tokens": 9})),
+        Endpoint::Chat,
+    )
+    .expect("valid");
+    assert_eq!(r.sampling.max_tokens, 1);
+}
+
+/// Found by the edge fuzzer: `POST /v1/completions` with `{"prompt": "a", "logprobs":
+/// false}` answered with a `logprobs` object in each choice; `false` asks for none, as
+/// an absent field does.
+#[test]
+fn completions_logprobs_false_asks_for_none() {
+    for (logprobs, asked) in [
+        (json!(false), false),
+        (json!(null), false),
+        (json!(0), true),
+    ] {
+        let (r, o) = parse(
+            json!({"prompt": "a", "logprobs": logprobs}),
+            Endpoint::Completion,
+        )
+        .expect("valid");
+        assert_eq!(o.logprobs, asked, "{logprobs}");
+        assert_eq!(r.sampling.logprobs.is_some(), asked, "{logprobs}");
+    }
+}
