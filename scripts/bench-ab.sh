@@ -8,6 +8,12 @@
 #
 #   scripts/bench-ab.sh BASE [NEW=HEAD] [ROUNDS=14]
 #
+# With BASE_FEATURES set, BASE and NEW are one commit built two ways instead: base with
+# `--no-default-features --features "$BASE_FEATURES"` (e.g. BASE_FEATURES="" for glibc's
+# malloc instead of jemalloc), new with the defaults:
+#
+#   BASE_FEATURES= scripts/bench-ab.sh HEAD HEAD 8
+#
 # Extra inferd-bench flags: BENCH_ARGS (default "--no-peer --concurrency 1,16 --max-tokens 128").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +31,11 @@ for side in base new; do
     wt="$out/wt-$side"
     git worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
     git worktree add --detach "$wt" "$rev" >/dev/null
-    (cd "$wt" && CARGO_TARGET_DIR="$root/target" cargo build --release -q -p inferd)
+    features=()
+    if [[ $side == base && -n ${BASE_FEATURES+set} ]]; then
+        features=(--no-default-features --features "$BASE_FEATURES")
+    fi
+    (cd "$wt" && CARGO_TARGET_DIR="$root/target" cargo build --release -q -p inferd "${features[@]}")
     cp "$root/target/release/inferd" "$out/inferd-$side"
     cp "$wt/configs/inferd.toml" "$out/inferd-$side.toml"
     git worktree remove --force "$wt"

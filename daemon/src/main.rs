@@ -7,6 +7,14 @@ use clap::{Parser, Subcommand};
 
 use inferd::config::CliOverrides;
 
+/// jemalloc (the `jemalloc` feature, on by default): under a long mixed load glibc's
+/// malloc kept freed memory in its arenas and the resident set grew, where jemalloc's
+/// decay returns it (docs/performance.md, section Soak; figures in /metrics through
+/// `inferd::allocator`).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// inferd: a local LLM inference daemon streaming tokens over WebSocket.
 #[derive(Debug, Parser)]
 #[command(name = "inferd", version, about)]

@@ -13,8 +13,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -69,6 +69,8 @@ pub struct Metrics {
     spec_accepted_tokens: IntCounter,
     spec_acceptance_rate: Gauge,
     spec_tokens_per_verification: Gauge,
+    allocator_allocated: IntGaugeVec,
+    allocator_resident: IntGaugeVec,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -261,6 +263,26 @@ impl Metrics {
                     "Tokens a verifying sequence step produced on average since start",
                 )?,
             ),
+            allocator_allocated: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "allocator_allocated_bytes",
+                        "Bytes the daemon holds from its allocator (crate::allocator)",
+                    ),
+                    &["allocator"],
+                )?,
+            ),
+            allocator_resident: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "allocator_resident_bytes",
+                        "Bytes the allocator keeps in memory, in use or free",
+                    ),
+                    &["allocator"],
+                )?,
+            ),
             registry: r,
         })
     }
@@ -294,6 +316,14 @@ impl Metrics {
             self.spec_acceptance_rate.set(sp.acceptance_rate);
             self.spec_tokens_per_verification
                 .set(sp.tokens_per_verification);
+        }
+        if let Some(a) = crate::allocator::stats() {
+            let set = |g: &IntGaugeVec, v: u64| {
+                g.with_label_values(&[a.allocator])
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            };
+            set(&self.allocator_allocated, a.allocated);
+            set(&self.allocator_resident, a.resident);
         }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
@@ -354,6 +384,20 @@ mod tests {
             "inferd_spec_decode_tokens_per_verification 2.5",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        if crate::allocator::stats().is_some() {
+            let name = if cfg!(feature = "jemalloc") {
+                "jemalloc"
+            } else {
+                "glibc"
+            };
+            for family in ["allocated", "resident"] {
+                let want = format!("inferd_allocator_{family}_bytes{{allocator=\"{name}\"}} ");
+                assert!(
+                    text.lines().any(|l| l.starts_with(&want)),
+                    "no {want:?} in\n{text}"
+                );
+            }
         }
         st.prefix_cache.memory_hit_tokens = 80;
         let text = m.render(Some(&st));
