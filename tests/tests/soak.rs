@@ -24,6 +24,7 @@ async fn one_minute_soak_leaves_the_daemon_idle_with_flat_resources() {
         // fit sees after warm-up is not the pool filling in; it also makes the memory
         // tier evict, so cold documents come back from the disk tier.
         warmup_fraction: 0.3,
+        floor_bucket_min: 0.1,
         max_rss_slope_mb_per_min: ONE_MINUTE_RSS_SLOPE_BOUND,
         prefix_store: true,
         config: inferd_e2e::workspace_root().join("configs/inferd.toml"),

@@ -31,7 +31,10 @@ struct Args {
     /// Share of the run counted as warm-up (the RSS slope is fitted over the rest).
     #[arg(long, default_value_t = 0.2)]
     warmup_fraction: f64,
-    /// Largest accepted RSS slope after warm-up, MB per minute.
+    /// Width of the stretches whose lowest RSS sample makes the floor, minutes.
+    #[arg(long, default_value_t = 1.0)]
+    floor_bucket_min: f64,
+    /// Largest accepted slope of the RSS floor after warm-up, MB per minute.
     #[arg(long, default_value_t = 0.05)]
     max_rss_slope: f64,
     /// Turn the prefix store (the disk tier of the prefix cache) off.
@@ -65,6 +68,7 @@ async fn main() -> Result<()> {
         duration: Duration::from_secs_f64(a.minutes * 60.0),
         sample_s: a.sample_s,
         warmup_fraction: a.warmup_fraction,
+        floor_bucket_min: a.floor_bucket_min,
         max_rss_slope_mb_per_min: a.max_rss_slope,
         prefix_store: !a.no_prefix_store,
         config: a

@@ -127,6 +127,27 @@ pub fn slope(points: &[(f64, f64)]) -> f64 {
     }
 }
 
+/// The lowest point of each `bucket`-wide stretch of `x` (points sorted by x): the
+/// floor of a series whose peaks follow the work in flight (a batch of long prompts'
+/// activations), so a slope fitted to it follows what stays resident between them.
+pub fn floor(points: &[(f64, f64)], bucket: f64) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    let mut current: Option<(i64, (f64, f64))> = None;
+    for &p in points {
+        let b = (p.0 / bucket).floor() as i64;
+        current = match current {
+            Some((cb, low)) if cb == b => Some((cb, if p.1 < low.1 { p } else { low })),
+            Some((_, low)) => {
+                out.push(low);
+                Some((b, p))
+            }
+            None => Some((b, p)),
+        };
+    }
+    out.extend(current.map(|c| c.1));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +161,20 @@ mod tests {
         let flat = [(0.0, 5.0), (1.0, 6.0), (2.0, 5.0), (3.0, 6.0)];
         assert!((slope(&flat) - 0.2).abs() < 1e-12);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
+    }
+
+    #[test]
+    fn floor_keeps_the_lowest_point_of_each_bucket() {
+        let pts = [
+            (0.0, 5.0),
+            (0.5, 3.0),
+            (1.0, 9.0),
+            (1.2, 8.0),
+            (1.9, 8.5),
+            (2.1, 1.0),
+        ];
+        assert_eq!(floor(&pts, 1.0), vec![(0.5, 3.0), (1.2, 8.0), (2.1, 1.0)]);
+        assert!(floor(&[], 1.0).is_empty());
     }
 
     #[test]
