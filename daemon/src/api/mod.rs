@@ -14,11 +14,23 @@
 //!   forms it normalises, then the same validation as a WebSocket frame.
 //! - [`wire`] renders server frames, and is the one place that maps
 //!   [`InferError`] to the wire (`{"type":"error","id":...,"error":{"type":TAG,"message":...}}`).
+//!
+//! Fuzzed: `fuzz/` and `fuzz_tests` (test-only) hold structure-aware proptest
+//! generators of valid WebSocket frames and OpenAI bodies, their mutations, and the
+//! checks that nothing panics, every refusal is a `validation` error naming the field,
+//! and valid input round-trips; `cargo test` runs 2,000 cases per property, and
+//! `cargo bench -p inferd --bench fuzz_edge` a million inputs per target (figures in
+//! `docs/performance.md`, "Fuzzing the edge").
 
 pub mod body;
 pub mod openai;
 pub mod validate;
 pub mod wire;
+
+#[cfg(test)]
+mod fuzz;
+#[cfg(test)]
+mod fuzz_tests;
 
 use crate::error::InferError;
 use crate::request::GenerateRequest;
