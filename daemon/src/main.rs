@@ -7,10 +7,10 @@ use clap::{Parser, Subcommand};
 
 use inferd::config::CliOverrides;
 
-/// jemalloc (the `jemalloc` feature, on by default): under a long mixed load glibc's
-/// malloc kept freed memory in its arenas and the resident set grew, where jemalloc's
-/// decay returns it (docs/performance.md, section Soak; figures in /metrics through
-/// `inferd::allocator`).
+/// jemalloc with the `jemalloc` feature (off by default: it held RSS flat under the soak
+/// but cost decode and prefill speed on this machine; docs/performance.md, section
+/// Soak). The default is the C library's malloc, trimmed every
+/// [`inferd::allocator::TRIM_PERIOD`].
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -63,6 +63,7 @@ fn main() -> ExitCode {
                 eprintln!("inferd: configuration error: {e}");
                 return ExitCode::from(2);
             }
+            inferd::allocator::spawn_trimmer();
             match inferd::app::run(settings, source) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
