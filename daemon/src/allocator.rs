@@ -3,13 +3,14 @@
 //! resident for it (`resident`). A leak grows the first; fragmentation, or freed
 //! memory the allocator does not give back, grows only the second.
 //!
-//! With the `jemalloc` feature (the default) the daemon's global allocator is jemalloc
+//! With the `jemalloc` feature (off by default) the daemon's global allocator is jemalloc
 //! (`tikv-jemallocator`, set in `src/main.rs`) and the figures are its `stats.allocated`
 //! and `stats.resident` (jemalloc(3), "MALLCTL NAMESPACE"), refreshed by advancing its
 //! epoch. Without it the allocator is the C library's; on glibc the figures come from
 //! `mallinfo2(3)`: allocated = `uordblks + hblkhd` (bytes in use in the arenas plus
 //! mmapped chunks), resident = `arena + hblkhd` (bytes obtained from the OS, free or
-//! not; an upper bound, since a freed page inside an arena may have been returned).
+//! not; an upper bound, since a freed page inside an arena may have been returned, and
+//! both count a large `calloc` such as the KV pool whole before its pages are touched).
 
 /// One reading of the allocator's statistics, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,6 +17,18 @@ use inferd_e2e::soak::{self, Options};
 /// Soak the daemon: a realistic mix of traffic for a while, then check that it is idle,
 /// owns no KV blocks, holds no extra file descriptors or threads, and that its resident
 /// memory stayed flat after warm-up.
+///
+/// Starts `inferd` from beside this binary (or $INFERD_BINARY) on the default model
+/// (models/, `scripts/fetch-model.sh`) with the source tree's configs/inferd.toml and a
+/// fresh prefix store. Exits 1 when a check fails: an action failed (unexpected frame,
+/// status or a 180 s wait), the engine is not idle or owns KV blocks at the end, fds or
+/// threads with no client connected end more than 2 above their level before the
+/// workload, or the RSS floor (the lowest sample of each --floor-bucket-min) after
+/// warm-up rises faster than --max-rss-slope (at least two floor points are needed: run a
+/// few minutes). Outcomes in the table: finished (length/stop), cancelled, dropped (the
+/// client disconnected mid-stream), bad_frames_answered, tokenized, http_streams (SSE to
+/// [DONE]), cached_tokens (prompt tokens served by the prefix cache), failures.
+/// docs/performance.md, section Soak, has the figures.
 #[derive(Parser)]
 struct Args {
     /// Concurrent client connections.

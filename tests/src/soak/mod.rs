@@ -64,6 +64,10 @@ pub struct Report {
     pub prefix_store: bool,
     /// RSS slope over the samples after warm-up, MB per minute (least squares).
     pub rss_slope_mb_per_min: f64,
+    /// Standard error of `rss_slope_mb_per_min` (`None` for fewer than three samples).
+    pub rss_slope_se_mb_per_min: Option<f64>,
+    /// Points the floor slope was fitted to (at least two are needed for a check).
+    pub floor_points: usize,
     /// Slope of the RSS floor after warm-up (the lowest sample of each
     /// `floor_bucket_min`), MB per
     /// minute: the figure checked against the bound. RSS swings by tens of MB with the
@@ -226,7 +230,8 @@ pub async fn run(opts: &Options) -> Result<Report> {
         .filter(|p| p.0 >= warmup_min && p.0 <= minutes)
         .collect();
     let slope = probe::slope(&window);
-    let floor_slope = probe::slope(&probe::floor(&window, opts.floor_bucket_min));
+    let floor_points = probe::floor(&window, opts.floor_bucket_min);
+    let floor_slope = probe::slope(&floor_points);
     let allocated: Vec<(f64, f64)> = samples
         .iter()
         .filter_map(|s| s.allocated_mb.map(|a| (s.t_s / 60.0, a)))
@@ -256,6 +261,8 @@ pub async fn run(opts: &Options) -> Result<Report> {
         warmup_min,
         prefix_store: opts.prefix_store,
         rss_slope_mb_per_min: slope,
+        rss_slope_se_mb_per_min: probe::slope_standard_error(&window),
+        floor_points: floor_points.len(),
         rss_floor_slope_mb_per_min: floor_slope,
         rss_intercept_mb: intercept,
         allocated_slope_mb_per_min: allocated_slope,
@@ -318,7 +325,13 @@ impl Report {
                 self.idle_before.threads, self.idle_after.threads
             ));
         }
-        if self.rss_floor_slope_mb_per_min > self.max_rss_slope_mb_per_min {
+        if self.floor_points < 2 {
+            p.push(format!(
+                "the RSS floor after warm-up has {} point(s), too few to fit a slope: run \
+                 longer or lower --floor-bucket-min",
+                self.floor_points
+            ));
+        } else if self.rss_floor_slope_mb_per_min > self.max_rss_slope_mb_per_min {
             p.push(format!(
                 "RSS floor slope after warm-up {:.3} MB/min > bound {} MB/min",
                 self.rss_floor_slope_mb_per_min, self.max_rss_slope_mb_per_min
@@ -363,12 +376,14 @@ impl Report {
         let last = self.samples.last();
         let f = |s: Option<&Sample>| s.map_or(0.0, |s| s.rss_mb);
         format!(
-            "| connections | minutes | RSS first / last (MB) | RSS slope after warm-up, all samples / floor (MB/min) | allocated slope (MB/min) | fds idle before / after | threads idle before / after | disk blocks | outcomes |\n|---|---|---|---|---|---|---|---|---|\n| {} | {:.1} | {:.1} / {:.1} | {:+.3} / {:+.3} (bound {}) | {} | {} / {} | {} / {} | {} | {} |",
+            "| connections | minutes | RSS first / last (MB) | RSS slope after warm-up, all samples ± s.e. / floor (MB/min) | allocated slope (MB/min) | fds idle before / after | threads idle before / after | disk blocks | outcomes |\n|---|---|---|---|---|---|---|---|---|\n| {} | {:.1} | {:.1} / {:.1} | {:+.3} ± {} / {:+.3} (bound {}) | {} | {} / {} | {} / {} | {} | {} |",
             self.connections,
             self.minutes,
             f(first),
             f(last),
             self.rss_slope_mb_per_min,
+            self.rss_slope_se_mb_per_min
+                .map_or_else(|| "-".to_string(), |e| format!("{e:.3}")),
             self.rss_floor_slope_mb_per_min,
             self.max_rss_slope_mb_per_min,
             self.allocated_slope_mb_per_min

@@ -148,6 +148,23 @@ pub fn floor(points: &[(f64, f64)], bucket: f64) -> Vec<(f64, f64)> {
     out
 }
 
+/// Standard error of the least-squares slope of `points` (same units as [`slope`]):
+/// the residuals' standard deviation over the spread of `x`; `None` for fewer than three
+/// points or no spread in `x`.
+pub fn slope_standard_error(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let m = slope(points);
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let b = my - m * mx;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let rss: f64 = points.iter().map(|p| (p.1 - (m * p.0 + b)).powi(2)).sum();
+    (sxx > 0.0).then(|| (rss / (n - 2.0)).sqrt() / sxx.sqrt())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +178,27 @@ mod tests {
         let flat = [(0.0, 5.0), (1.0, 6.0), (2.0, 5.0), (3.0, 6.0)];
         assert!((slope(&flat) - 0.2).abs() < 1e-12);
         assert_eq!(slope(&[(1.0, 2.0)]), 0.0);
+    }
+
+    #[test]
+    fn standard_error_of_a_slope() {
+        let line: Vec<_> = (0..10)
+            .map(|i| (f64::from(i), 2.0 * f64::from(i)))
+            .collect();
+        assert_eq!(slope_standard_error(&line), Some(0.0));
+        // Residuals ±1 alternating around y = 0 over x = 0..4: sd = sqrt(4 / 2),
+        // sxx = 10, so the error is sqrt(2) / sqrt(10).
+        let zig = [(0.0, 1.0), (1.0, -1.0), (2.0, 1.0), (3.0, -1.0)];
+        let m = slope(&zig);
+        assert!((m - -0.4).abs() < 1e-12);
+        let se = slope_standard_error(&zig).expect("se");
+        let b = 0.6; // intercept of the fit
+        let rss: f64 = zig.iter().map(|p| (p.1 - (m * p.0 + b)).powi(2)).sum();
+        assert!(
+            (se - (rss / 2.0).sqrt() / 5.0_f64.sqrt()).abs() < 1e-12,
+            "{se}"
+        );
+        assert_eq!(slope_standard_error(&zig[..2]), None);
     }
 
     #[test]
