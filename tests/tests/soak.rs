@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use inferd_e2e::soak::{self, Options};
 
-/// RSS slope bound of the one-minute run, MB per minute: a minute is too short to tell
-/// 0.05 MB/min from noise, so this only catches gross leaks (a request's buffers kept,
-/// about 1 MB each at this rate of requests, would exceed it many times over).
-const ONE_MINUTE_RSS_SLOPE_BOUND: f64 = 60.0;
+/// What the daemon may keep from one minute of traffic, MB of allocated bytes between
+/// the idle readings before and after it: caches that fill once (sled's 8 MiB cache, the
+/// tokenizer's, the prefix store's maps of some 700 blocks) fit in it; a leak of 0.5 MB
+/// per request, at the 70 or so requests of a run on two cores, does not. (Measured:
+/// 211.3 -> 213.1 MB.)
+const IDLE_ALLOCATED_GROWTH_BOUND_MB: f64 = 32.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_minute_soak_leaves_the_daemon_idle_with_flat_resources() {
@@ -25,7 +27,12 @@ async fn one_minute_soak_leaves_the_daemon_idle_with_flat_resources() {
         // tier evict, so cold documents come back from the disk tier.
         warmup_fraction: 0.3,
         floor_bucket_min: 0.1,
-        max_rss_slope_mb_per_min: ONE_MINUTE_RSS_SLOPE_BOUND,
+        // One minute is all warm-up (queues, caches, the allocator's arenas) with RSS
+        // swinging by tens of MB with the work in flight: its slope is reported, not
+        // checked (the 30-minute runs check it); the allocated bytes between two idle
+        // readings are, instead.
+        max_idle_allocated_growth_mb: Some(IDLE_ALLOCATED_GROWTH_BOUND_MB),
+        max_rss_slope_mb_per_min: f64::INFINITY,
         prefix_store: true,
         config: inferd_e2e::workspace_root().join("configs/inferd.toml"),
         env: vec![(

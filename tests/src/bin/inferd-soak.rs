@@ -46,6 +46,10 @@ struct Args {
     /// Width of the stretches whose lowest RSS sample makes the floor, minutes.
     #[arg(long, default_value_t = 1.0)]
     floor_bucket_min: f64,
+    /// Largest accepted growth, MB, of the allocator's allocated bytes between the idle
+    /// readings before and after the workload (unset: not checked).
+    #[arg(long)]
+    max_idle_allocated_growth: Option<f64>,
     /// Largest accepted slope of the RSS floor after warm-up, MB per minute.
     #[arg(long, default_value_t = 0.05)]
     max_rss_slope: f64,
@@ -81,6 +85,7 @@ async fn main() -> Result<()> {
         sample_s: a.sample_s,
         warmup_fraction: a.warmup_fraction,
         floor_bucket_min: a.floor_bucket_min,
+        max_idle_allocated_growth_mb: a.max_idle_allocated_growth,
         max_rss_slope_mb_per_min: a.max_rss_slope,
         prefix_store: !a.no_prefix_store,
         config: a

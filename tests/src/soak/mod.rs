@@ -37,6 +37,9 @@ pub struct Options {
     pub warmup_fraction: f64,
     /// Width of the stretches whose lowest RSS sample makes the floor, minutes.
     pub floor_bucket_min: f64,
+    /// Largest accepted growth of the allocated bytes between the idle readings before
+    /// and after the workload, MB (`None`: not checked).
+    pub max_idle_allocated_growth_mb: Option<f64>,
     /// Largest accepted slope of the RSS floor after warm-up, MB per minute.
     pub max_rss_slope_mb_per_min: f64,
     /// Whether the prefix store (the disk tier) is on.
@@ -81,6 +84,8 @@ pub struct Report {
     /// (`None` without allocator statistics): RSS growing with this flat is memory the
     /// allocator keeps, not a leak.
     pub allocated_slope_mb_per_min: Option<f64>,
+    /// The bound of the idle allocated growth, MB.
+    pub max_idle_allocated_growth_mb: Option<f64>,
     /// The bound it was checked against.
     pub max_rss_slope_mb_per_min: f64,
     /// Open fds and threads with no client connected, before and after the workload.
@@ -104,6 +109,10 @@ pub struct Idle {
     pub fds: usize,
     /// Threads.
     pub threads: usize,
+    /// MB the daemon holds from its allocator (`inferd_allocator_allocated_bytes`, read
+    /// last): unlike RSS it counts the KV pool whole from the start, so between two idle
+    /// readings it grows only by what the daemon keeps.
+    pub allocated_mb: Option<f64>,
 }
 
 /// The daemon's `/v1/models` id.
@@ -132,7 +141,7 @@ async fn stats(url: &str) -> Result<Value> {
 
 /// fds and threads once they settle (tokio's idle blocking threads linger 10 s): the
 /// lowest reading over `settle`.
-async fn idle(pid: u32, settle: Duration) -> Result<Idle> {
+async fn idle(pid: u32, addr: &str, settle: Duration) -> Result<Idle> {
     let end = Instant::now() + settle;
     let (_, mut fds, mut threads) = probe::process(pid)?;
     while Instant::now() < end {
@@ -141,7 +150,13 @@ async fn idle(pid: u32, settle: Duration) -> Result<Idle> {
         fds = fds.min(f);
         threads = threads.min(t);
     }
-    Ok(Idle { fds, threads })
+    let allocated_mb =
+        probe::metric(&metrics(addr).await?, "inferd_allocator_allocated_bytes").map(|b| b / 1e6);
+    Ok(Idle {
+        fds,
+        threads,
+        allocated_mb,
+    })
 }
 
 /// Waits until no request runs or waits; returns the last `stats`.
@@ -190,7 +205,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
     // One request per connection first (loads the tokenizer's and the plugins' first
     // instances), then the idle baseline.
     warm_up(&w, opts.connections.min(8)).await;
-    let idle_before = idle(pid, Duration::from_secs(12)).await?;
+    let idle_before = idle(pid, &w.addr, Duration::from_secs(12)).await?;
 
     let start = Instant::now();
     let deadline = start + opts.duration;
@@ -220,7 +235,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
     let m = metrics(&w.addr).await?;
     let t = start.elapsed().as_secs_f64();
     samples.push(probe::sample(t, pid, &final_stats, &m, store.path())?);
-    let idle_after = idle(pid, Duration::from_secs(12)).await?;
+    let idle_after = idle(pid, &w.addr, Duration::from_secs(12)).await?;
 
     let minutes = opts.duration.as_secs_f64() / 60.0;
     let warmup_min = minutes * opts.warmup_fraction;
@@ -267,6 +282,7 @@ pub async fn run(opts: &Options) -> Result<Report> {
         rss_intercept_mb: intercept,
         allocated_slope_mb_per_min: allocated_slope,
         max_rss_slope_mb_per_min: opts.max_rss_slope_mb_per_min,
+        max_idle_allocated_growth_mb: opts.max_idle_allocated_growth_mb,
         idle_before,
         idle_after,
         final_stats,
@@ -324,6 +340,18 @@ impl Report {
                 "threads {} -> {} (idle, before and after; at most +{THREAD_SLACK})",
                 self.idle_before.threads, self.idle_after.threads
             ));
+        }
+        if let (Some(bound), Some(a), Some(b)) = (
+            self.max_idle_allocated_growth_mb,
+            self.idle_before.allocated_mb,
+            self.idle_after.allocated_mb,
+        ) {
+            if b - a > bound {
+                p.push(format!(
+                    "allocated bytes idle before / after the workload {a:.1} / {b:.1} MB \
+                     (at most +{bound} MB)"
+                ));
+            }
         }
         if self.floor_points < 2 {
             p.push(format!(
