@@ -30,7 +30,7 @@ mod draft;
 const DEFAULT_ROW_COST: f64 = 0.6;
 
 /// Sets the CPU thread count of the model math: our kernels' thread team
-/// ([`crate::model::team`]) and rayon's global pool (candle's CPU ops), which reads
+/// ([`inferd_kernels::team`]) and rayon's global pool (candle's CPU ops), which reads
 /// `RAYON_NUM_THREADS` when first used; this must run before any model code. `0` = one
 /// thread per available core.
 pub fn set_compute_threads(threads: usize) -> usize {
@@ -47,7 +47,7 @@ pub fn set_compute_threads(threads: usize) -> usize {
     // Edition 2021: set_var is safe; nothing else reads the environment concurrently
     // this early in start-up.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    crate::model::team::set_threads(n)
+    inferd_kernels::team::set_threads(n)
 }
 
 /// The CPU KV pool lives in RAM beside the weights: refuse a `scheduler.kv_cache_bytes`

@@ -29,15 +29,24 @@
 //!   decode) products over any range of output features, for the caller's thread team,
 //!   each activation row on its [`Path`] ([`QuantMatrix::paths`],
 //!   [`QuantMatrix::matmul_range_paths`]).
+//! - What the daemon's model code calls: [`CpuMatrix`] (the layout per stored type:
+//!   [`q4_1x4`] for Q4_1, [`GgmlMatrix`] — a [`QuantMatrix`] split over the thread team
+//!   — for the others; [`tensor`] is their candle side), [`attention`] (paged attention
+//!   over a KV cache's blocks), [`eltwise`] (ggml's element-wise numerics), [`ubatch`]
+//!   (llama-server's micro-batch of a row) and [`team`] (the compute threads).
 //!
 //! Every SIMD path gives the same bits as its portable path (tested per type, odd shapes
 //! included): the portable code performs the same float operations in the same order
 //! (eight independent lanes, `mul_add` where ggml uses FMA).
 
 pub mod act;
+pub mod attention;
 #[cfg(target_arch = "x86_64")]
 pub mod block_tiles;
+pub mod cpu_matrix;
+pub mod eltwise;
 pub mod expf;
+pub mod ggml_matrix;
 pub mod half;
 pub mod isa;
 pub mod kbatch;
@@ -47,8 +56,11 @@ mod legacy;
 mod matrix;
 pub mod par;
 pub mod paths;
+pub mod team;
+pub mod tensor;
 pub mod tiles;
 pub mod types;
+pub mod ubatch;
 
 pub mod bf16;
 pub mod f16;
@@ -57,6 +69,7 @@ pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
+pub mod q4_1x4;
 pub mod q4_k;
 pub mod q5_0;
 pub mod q5_1;
@@ -70,9 +83,12 @@ mod testing;
 mod timing_tests;
 
 pub use act::{ActFormat, Activations};
+pub use cpu_matrix::CpuMatrix;
+pub use ggml_matrix::GgmlMatrix;
 pub use isa::Isa;
 pub use matrix::{Kernel, QuantMatrix};
 pub use paths::{BatchRow, Path};
+pub use q4_1x4::Q4_1Matrix;
 pub use types::GgmlType;
 
 /// Errors of this crate; each names what was given and what is allowed.

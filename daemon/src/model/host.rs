@@ -4,14 +4,12 @@
 
 use candle_core::{Device, Tensor};
 
-use super::cpu_attention::attend_cpu;
 use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
 use super::spec::{Activation, ModelSpec, Numerics};
 use super::transformer::{AttnShape, Backend};
-use super::ubatch::batch_rows;
 use super::weights::{MoeWeights, Projection, Vector};
 use inferd_kernels::BatchRow;
 
@@ -37,7 +35,7 @@ pub struct HostBackend<'a> {
     positions: &'a [u32],
     numerics: Numerics,
     /// With ggml numerics, each current row's place in llama-server's micro-batch
-    /// ([`super::ubatch`]), so that matrix products take llama.cpp's kernel per row;
+    /// ([`inferd_kernels::ubatch`]), so that matrix products take llama.cpp's kernel per row;
     /// empty otherwise (every product through `vec_dot`).
     batch: Vec<BatchRow>,
 }
@@ -52,7 +50,10 @@ impl<'a> HostBackend<'a> {
         numerics: Numerics,
     ) -> Self {
         let batch = match numerics {
-            Numerics::Ggml => batch_rows(seqs),
+            Numerics::Ggml => {
+                let rows: Vec<_> = seqs.iter().map(ForwardSeq::rows).collect();
+                inferd_kernels::ubatch::batch_rows(&rows)
+            }
             Numerics::Transformers => Vec::new(),
         };
         Self {
@@ -77,7 +78,7 @@ impl<'a> HostBackend<'a> {
 /// RMSNorm of host rows under `numerics` ([`rms_norm_rows`] or ggml's).
 pub fn rms_norm_with(numerics: Numerics, x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     match numerics {
-        Numerics::Ggml => super::ggml_ops::rms_norm_rows(x, w, eps, out),
+        Numerics::Ggml => inferd_kernels::eltwise::rms_norm_rows(x, w, eps, out),
         Numerics::Transformers => rms_norm_rows(x, w, eps, out),
     }
 }
@@ -108,7 +109,7 @@ pub fn glu_value(act: Activation, g: f32, u: f32) -> f32 {
     }
 }
 
-/// [`glu_value`] (or ggml's GLU, [`super::ggml_ops::glu_row`]) over whole rows, on
+/// [`glu_value`] (or ggml's GLU, [`inferd_kernels::eltwise::glu_row`]) over whole rows, on
 /// the thread team from a few rows on.
 pub fn glu_rows(
     gate: &[f32],
@@ -125,7 +126,7 @@ pub fn glu_rows(
             &up[r * width..(r + 1) * width],
         );
         match numerics {
-            Numerics::Ggml => super::ggml_ops::glu_row(act, g, u, dst),
+            Numerics::Ggml => inferd_kernels::eltwise::glu_row(act, g, u, dst),
             Numerics::Transformers => {
                 for ((d, &g), &u) in dst.iter_mut().zip(g).zip(u) {
                     *d = glu_value(act, g, u);
@@ -134,7 +135,7 @@ pub fn glu_rows(
         }
     };
     if n >= 4 && width > 0 {
-        super::team::for_each_chunk_mut(&mut out, width, row);
+        inferd_kernels::team::for_each_chunk_mut(&mut out, width, row);
     } else if width > 0 {
         out.chunks_exact_mut(width)
             .enumerate()
@@ -274,8 +275,7 @@ impl Backend for HostBackend<'_> {
     ) -> candle_core::Result<Rows> {
         self.pool.write_host(layer, self.seqs, &k.v, &v.v)?;
         Ok(Rows {
-            v: attend_cpu(
-                self.pool,
+            v: self.pool.attend_host(
                 layer,
                 self.seqs,
                 &q.v,

@@ -1,4 +1,4 @@
-//! Paged KV cache storage and the CPU paged-attention kernel.
+//! Paged KV cache storage, and the door to the CPU paged-attention kernels.
 //!
 //! KV memory is a pool of fixed-size blocks (PagedAttention, Kwon et al. 2023,
 //! "Efficient Memory Management for Large Language Model Serving with
@@ -11,12 +11,13 @@
 //! transformers computes with; vLLM's `kv_cache_dtype = "auto"` also follows the
 //! weights), so a token costs `2 × layers × kv_heads × head_dim × element bytes`. On
 //! the CPU the pool is one host array per layer and attention runs in
-//! [`super::cpu_attention`]; on other devices it is one f16 device tensor per layer and
+//! [`inferd_kernels::attention`] ([`KvBlockPool::attend_host`]); on other devices it is one f16 device tensor per layer and
 //! the tensor backend gathers a sequence's slots with `index_select`.
 
 use candle_core::{DType, Device, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use inferd_kernels::attention::{self, AttnShape, KvLayer, SeqRows};
 
 /// The element type of stored K and V.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,9 +82,21 @@ pub struct ForwardSeq<'a> {
     /// Length of the request's prompt (positions below it are prompt tokens; 0 when the
     /// caller does not say). GGUF models give prompt rows of long prompts llama.cpp's
     /// tiled attention arithmetic, as llama-server's prefill does
-    /// ([`super::cpu_attention_tiled`]); this depends only on the position and the
+    /// ([`inferd_kernels::attention::tiled`]); this depends only on the position and the
     /// prompt length, never on how the prompt is chunked.
     pub prompt_len: usize,
+}
+
+impl<'a> ForwardSeq<'a> {
+    /// What the attention kernels and llama.cpp's micro-batch placement read of it.
+    pub fn rows(&self) -> SeqRows<'a> {
+        SeqRows {
+            rows: self.tokens.len(),
+            start_pos: self.start_pos,
+            block_table: self.block_table,
+            prompt_len: self.prompt_len,
+        }
+    }
 }
 
 /// Per-layer storage.
@@ -558,12 +571,41 @@ impl KvBlockPool {
     }
 
     /// Host K and V arrays of `layer`, or `None` on a device pool.
-    pub(super) fn host_layer(&self, layer: usize) -> Option<HostKv<'_>> {
+    pub(super) fn host_layer(&self, layer: usize) -> Option<KvLayer<'_>> {
         match self.layers.get(layer)? {
-            LayerStore::Host { k, v } => Some(HostKv::F16(k, v)),
-            LayerStore::HostF32 { k, v } => Some(HostKv::F32(k, v)),
+            LayerStore::Host { k, v } => Some(KvLayer::F16(k, v)),
+            LayerStore::HostF32 { k, v } => Some(KvLayer::F32(k, v)),
             LayerStore::Device { .. } => None,
         }
+    }
+
+    /// Causal attention of `layer` for the query rows `q` (`(T, n_head · head_dim)`,
+    /// the rows of `seqs` in order) over this host pool, whose slots for those rows
+    /// [`Self::write_host`] has filled: [`inferd_kernels::attention::attend`], with
+    /// llama.cpp's arithmetic when `ggml`. Returns `(T, n_head · head_dim)`.
+    ///
+    /// # Errors
+    /// The pool is not a host pool, or has no layer `layer`.
+    pub fn attend_host(
+        &self,
+        layer: usize,
+        seqs: &[ForwardSeq<'_>],
+        q: &[f32],
+        shape: AttnShape,
+        ggml: bool,
+    ) -> candle_core::Result<Vec<f32>> {
+        let Some(kv) = self.host_layer(layer) else {
+            candle_core::bail!("layer {layer}: the CPU attention kernel needs a host KV pool");
+        };
+        let rows: Vec<SeqRows<'_>> = seqs.iter().map(ForwardSeq::rows).collect();
+        Ok(attention::attend(
+            kv,
+            self.block_size,
+            &rows,
+            q,
+            shape,
+            ggml,
+        ))
     }
 
     /// Whether the pool lives in host memory (the CPU attention kernel applies).
@@ -573,14 +615,6 @@ impl KvBlockPool {
             Some(LayerStore::Host { .. } | LayerStore::HostF32 { .. })
         )
     }
-}
-
-/// One layer's host K and V arrays.
-pub(super) enum HostKv<'a> {
-    /// f16 storage.
-    F16(&'a [f16], &'a [f16]),
-    /// f32 storage.
-    F32(&'a [f32], &'a [f32]),
 }
 
 /// The KV cache of a single sequence in a pool of its own that grows as needed: for
@@ -741,7 +775,7 @@ pub(super) mod tests {
             let (a, _) = dev.gather_device(layer, &[3], 4).unwrap();
             let (b, _) = dev.gather_device(layer, &[5], 4).unwrap();
             assert_eq!(a.to_vec3::<f32>().unwrap(), b.to_vec3::<f32>().unwrap());
-            let Some(HostKv::F16(kc, vc)) = host.host_layer(layer) else {
+            let Some(KvLayer::F16(kc, vc)) = host.host_layer(layer) else {
                 panic!("f16 host layer");
             };
             let n = 2 * 4 * 8;

@@ -8,18 +8,16 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-use inferd_kernels::BatchRow;
-
-use super::ggml_matrix::{ggml_type, GgmlMatrix};
-use super::q4_1::Q4_1Matrix;
+use inferd_kernels::{BatchRow, CpuMatrix};
 
 /// Which kernels run the matrices (`model.kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernels {
-    /// Our CPU kernels for every ggml type of a GGUF file (ggml's numerics at SIMD
-    /// speed: [`super::q4_1`] for Q4_1, [`super::ggml_matrix`] for the others, F16/BF16/F32 included); Hugging Face weights use candle's gemm in their
-    /// stored dtype (what transformers does); CUDA uses candle's kernels.
+    /// Our CPU kernels ([`inferd_kernels::CpuMatrix`]) for every ggml type of a GGUF
+    /// file, F16/BF16/F32 included (ggml's numerics at SIMD speed); Hugging Face weights
+    /// use candle's gemm in their stored dtype (what transformers does); CUDA uses
+    /// candle's kernels.
     Native,
     /// candle's `QMatMul` for every quantized type (portable; the reference the native
     /// kernels are tested against).
@@ -164,10 +162,8 @@ fn qtensor_from_bytes(
 pub enum Matrix {
     /// candle's quantized matmul (ggml types without a native kernel, or on CUDA).
     Quant(QMatMul),
-    /// Our Q4_1 kernel.
-    Q4_1(Q4_1Matrix),
-    /// Our kernel for any other ggml type ([`GgmlMatrix`]).
-    Ggml(GgmlMatrix),
+    /// Our CPU kernels, in the layout the stored type's kernel reads ([`CpuMatrix`]).
+    Cpu(CpuMatrix),
     /// A dense matrix in its stored dtype (F32/F16/BF16): the activations are cast to
     /// it, multiplied with candle's gemm, and the result cast back to f32 (what
     /// transformers does for a model loaded in that dtype).
@@ -200,11 +196,8 @@ impl Matrix {
         };
         let native = policy.kernels == Kernels::Native && device.is_cpu();
         Ok(match raw {
-            RawMatrix::Quant(t) if native && t.dtype() == GgmlDType::Q4_1 => {
-                Matrix::Q4_1(Q4_1Matrix::from_qtensor(&t)?)
-            }
-            RawMatrix::Quant(t) if native && ggml_type(t.dtype()).is_some() => {
-                Matrix::Ggml(GgmlMatrix::from_qtensor(&t)?)
+            RawMatrix::Quant(t) if native && CpuMatrix::supports(t.dtype()) => {
+                Matrix::Cpu(CpuMatrix::from_qtensor(&t)?)
             }
             RawMatrix::Quant(t) => match t.dtype() {
                 GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
@@ -220,8 +213,7 @@ impl Matrix {
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
         match self {
-            Matrix::Q4_1(m) => m.shape(),
-            Matrix::Ggml(m) => m.shape(),
+            Matrix::Cpu(m) => m.shape(),
             Matrix::Quant(QMatMul::QTensor(t)) => t.shape().dims2().unwrap_or((0, 0)),
             Matrix::Quant(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) | Matrix::Dense(t) => {
                 t.dims2().unwrap_or((0, 0))
@@ -236,8 +228,7 @@ impl Matrix {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Matrix::Quant(m) => m.forward(x),
-            Matrix::Q4_1(m) => m.forward(x),
-            Matrix::Ggml(m) => m.forward(x),
+            Matrix::Cpu(m) => m.forward(x),
             Matrix::Dense(w) => {
                 let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
                 y.to_dtype(DType::F32)
@@ -251,8 +242,7 @@ impl Matrix {
     /// A candle error (a non-CPU matrix, shape mismatch).
     pub fn forward_host(&self, xs: &[f32], rows: usize) -> candle_core::Result<Vec<f32>> {
         match self {
-            Matrix::Q4_1(m) => Ok(m.matmul_host(xs, rows)),
-            Matrix::Ggml(m) => m.matmul_host(xs, rows),
+            Matrix::Cpu(m) => m.matmul_host(xs, rows),
             Matrix::Quant(_) | Matrix::Dense(_) => {
                 let k = xs.len().checked_div(rows).unwrap_or(0);
                 let x = Tensor::from_slice(xs, (rows, k), &Device::Cpu)?;
@@ -262,8 +252,8 @@ impl Matrix {
     }
 
     /// [`Self::forward_host`] with each row on llama.cpp's kernel for its place `batch[j]`
-    /// in llama.cpp's micro-batch ([`GgmlMatrix::matmul_host_batch`]); only matrices on
-    /// our ggml kernels have other kernels than `vec_dot` (Q4_1 has none).
+    /// in llama.cpp's micro-batch ([`CpuMatrix::matmul_host_batch`]); only matrices on
+    /// our CPU kernels have other kernels than `vec_dot`.
     ///
     /// # Errors
     /// As [`Self::forward_host`]; `batch` neither empty nor `rows` long.
@@ -274,7 +264,7 @@ impl Matrix {
         batch: &[BatchRow],
     ) -> candle_core::Result<Vec<f32>> {
         match self {
-            Matrix::Ggml(m) => m.matmul_host_batch(xs, rows, batch),
+            Matrix::Cpu(m) => m.matmul_host_batch(xs, rows, batch),
             _ => self.forward_host(xs, rows),
         }
     }
@@ -290,8 +280,7 @@ impl Matrix {
             candle_core::bail!("token id {bad} is out of range for {n} embedding rows");
         }
         match self {
-            Matrix::Ggml(m) => m.rows_dequantized(ids),
-            Matrix::Q4_1(_) => candle_core::bail!("Q4_1 rows are not readable for embeddings"),
+            Matrix::Cpu(m) => m.rows_dequantized(ids),
             Matrix::Quant(QMatMul::QTensor(t)) => {
                 // Dequantize only the rows asked for: one row is whole ggml blocks.
                 let (_, k) = t.shape().dims2()?;
@@ -318,6 +307,15 @@ impl Matrix {
                     .flatten_all()?
                     .to_vec1::<f32>()
             }
+        }
+    }
+
+    /// Whether [`Self::rows_host`] can read rows of this matrix (a few CPU layouts
+    /// cannot).
+    pub fn rows_readable(&self) -> bool {
+        match self {
+            Matrix::Cpu(m) => m.rows_readable(),
+            _ => true,
         }
     }
 

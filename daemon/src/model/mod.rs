@@ -1,33 +1,25 @@
-//! Pure candle model code: weight sources (GGUF files, Hugging Face directories),
-//! architecture specs, the one decoder loop and its CPU and tensor backends, matrix
-//! kernels, and the paged KV pool. The KV cache lives outside the weights, in a
-//! [`KvBlockPool`] that the model runner owns and the scheduler's block manager
-//! allocates.
+//! Model code over kernels: weight sources (GGUF files, Hugging Face directories),
+//! architecture specs, the one decoder loop and its CPU and tensor backends, and the
+//! paged KV pool. The KV cache lives outside the weights, in a [`KvBlockPool`] that the
+//! model runner owns and the scheduler's block manager allocates. Every CPU kernel —
+//! the quant types, attention, ggml's element-wise numerics, the thread team — lives
+//! in the `inferd-kernels` crate (`daemon/kernels`); nothing here names a quant type.
 //!
 //! Layout: `spec.rs` (what differs between architectures, as data), `source/` (GGUF and
-//! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type over
-//! the kernels `q4_1.rs`, `ggml_matrix.rs` (every other ggml type, on the
-//! `inferd-kernels` crate) and candle's), `transformer.rs` (the decoder loop),
-//! `host.rs` / `ops.rs` (its backends), `rope.rs`, `moe.rs`, `kv_pool.rs`,
-//! `cpu_attention.rs` (with `cpu_attention_tiled.rs` and its `attn_blocks.rs`), `team.rs` (compute threads).
+//! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type:
+//! `inferd_kernels::CpuMatrix` on the CPU, candle's on other devices and for Hugging
+//! Face weights), `transformer.rs` (the decoder loop), `host.rs` / `ops.rs` (its
+//! backends), `rope.rs`, `moe.rs`, `kv_pool.rs` (with the door to the CPU attention).
 
-mod attn_blocks;
-pub mod cpu_attention;
-pub mod cpu_attention_tiled;
-pub mod ggml_matrix;
-pub mod ggml_ops;
 pub mod host;
 pub mod kv_pool;
 pub mod matrix;
 pub mod moe;
 pub mod ops;
-pub mod q4_1;
 pub mod rope;
 pub mod source;
 pub mod spec;
-pub mod team;
 pub mod transformer;
-pub mod ubatch;
 pub mod weights;
 
 #[cfg(test)]

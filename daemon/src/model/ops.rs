@@ -4,7 +4,6 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
-use super::cpu_attention::attend_cpu;
 use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::matrix::Matrix;
 use super::moe::{route, Route};
@@ -203,7 +202,7 @@ impl Backend for TensorBackend<'_> {
         if self.host_ops {
             return on_host(x, |v, _| {
                 let mut out = Vec::with_capacity(v.len());
-                super::ggml_ops::rms_norm_rows(v, &w.host, eps, &mut out);
+                inferd_kernels::eltwise::rms_norm_rows(v, &w.host, eps, &mut out);
                 out
             });
         }
@@ -278,7 +277,9 @@ impl Backend for TensorBackend<'_> {
             // Stored as f16 like llama.cpp's default KV cache type (or f32).
             self.pool
                 .write_host(layer, self.seqs, &host(&k)?, &host(&v)?)?;
-            let y = attend_cpu(self.pool, layer, self.seqs, &host(&q)?, s, self.host_ops)?;
+            let y = self
+                .pool
+                .attend_host(layer, self.seqs, &host(&q)?, s, self.host_ops)?;
             return Tensor::from_vec(y, q.shape(), &self.device);
         }
         self.attention_device(layer, &q, &k, &v, s)

@@ -311,7 +311,7 @@ fn half_precision_checkpoints_stay_half_and_q8_0_quantizes() {
     assert!(matches!(
         m.weights.layers[0].qkv,
         Projection::Fused {
-            matrix: Matrix::Ggml(_),
+            matrix: Matrix::Cpu(inferd_kernels::CpuMatrix::Ggml(_)),
             ..
         }
     ));

@@ -94,7 +94,7 @@ impl RopeTable {
             // llama.cpp's running-product angles (llama 3 scaling keeps transformers'
             // frequencies: llama.cpp reads them from the file's `rope_freqs` instead).
             (Numerics::Ggml, Some(factors)) => {
-                let (c, s) = super::ggml_ops::rope_tables(spec.dim, base, factors, max_pos);
+                let (c, s) = inferd_kernels::eltwise::rope_tables(spec.dim, base, factors, max_pos);
                 (
                     Tensor::from_vec(c, (max_pos, n), &Device::Cpu)?,
                     Tensor::from_vec(s, (max_pos, n), &Device::Cpu)?,
@@ -127,7 +127,7 @@ impl RopeTable {
     /// RoPE in place on host rows `(T, heads · head_dim)`, row `t` at `positions[t]`;
     /// dimensions past `dim` pass through. Interleaved: candle's `rope_i` arithmetic;
     /// NEOX: candle's `rope` (`x_i cos − x_{i+d/2} sin`, `x_i sin + x_{i+d/2} cos`);
-    /// under [`Numerics::Ggml`] ggml's fused form ([`super::ggml_ops::rotate`]).
+    /// under [`Numerics::Ggml`] ggml's fused form ([`inferd_kernels::eltwise::rotate`]).
     pub fn apply_host(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[u32]) {
         /// Rows per task when a prompt's rows are spread over the compute team.
         const ROWS: usize = 32;
@@ -136,9 +136,11 @@ impl RopeTable {
             let n = chunk.len() / width.max(1);
             self.apply_rows(chunk, heads, head_dim, &positions[t0..t0 + n]);
         };
-        if positions.len() > ROWS && super::team::threads() > 1 && width > 0 {
+        if positions.len() > ROWS && inferd_kernels::team::threads() > 1 && width > 0 {
             let x = &mut x[..positions.len() * width];
-            super::team::for_each_chunk_mut(x, ROWS * width, |i, chunk| rows(i * ROWS, chunk));
+            inferd_kernels::team::for_each_chunk_mut(x, ROWS * width, |i, chunk| {
+                rows(i * ROWS, chunk)
+            });
         } else {
             rows(0, x);
         }
@@ -184,7 +186,7 @@ impl RopeTable {
                     };
                     let (a, b) = (row[ia], row[ib]);
                     (row[ia], row[ib]) = match self.numerics {
-                        Numerics::Ggml => super::ggml_ops::rotate(a, b, cos[i], sin[i]),
+                        Numerics::Ggml => inferd_kernels::eltwise::rotate(a, b, cos[i], sin[i]),
                         Numerics::Transformers => {
                             (a * cos[i] - b * sin[i], a * sin[i] + b * cos[i])
                         }

@@ -130,14 +130,8 @@ pub struct RopeSpec {
     pub scaling: RopeScaling,
 }
 
-/// The MLP's activation (gated: `act(gate) · up`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// SiLU (`x · σ(x)`): Llama, Qwen, Phi-3.
-    Silu,
-    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): Gemma 3.
-    GeluTanh,
-}
+/// The MLP's activation (gated: `act(gate) · up`), defined beside its kernels.
+pub use inferd_kernels::eltwise::Activation;
 
 /// Whose formulas the element-wise ops follow (RMSNorm, RoPE angles, the MLP's
 /// activation); the matrices always run their own kernels. Where llama.cpp and

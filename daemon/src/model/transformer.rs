@@ -17,20 +17,8 @@ use super::rope::RopeTable;
 use super::spec::{Activation, ModelSpec};
 use super::weights::{LayerWeights, MoeWeights, Projection, Vector, Weights};
 
-/// Attention parameters of one layer.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads.
-    pub n_kv_head: usize,
-    /// Per-head dimension.
-    pub head_dim: usize,
-    /// Score scale.
-    pub scale: f32,
-    /// Sliding window (keys `j` with `i − window < j ≤ i`), `None` for full causal.
-    pub window: Option<usize>,
-}
+/// Attention parameters of one layer (defined beside the CPU attention kernels).
+pub use inferd_kernels::attention::AttnShape;
 
 /// The steps of the decoder loop on one kind of memory. `Act` holds activations of the
 /// batch's `T` tokens, `(T, width)`.

@@ -231,10 +231,10 @@ pub fn build<S: WeightSource>(
         (Embedding::Own(lookup_matrix(raw, device)?), out)
     } else {
         let out = b.matrix(Role::TokenEmbd, vocab, e)?;
-        if device.is_cpu() && !matches!(out, Matrix::Q4_1(_)) {
+        if device.is_cpu() && out.rows_readable() {
             (Embedding::Output, out)
         } else {
-            // Our Q4_1 layout cannot hand out rows, and a device copy would be read back
+            // Some CPU layouts cannot hand out rows, and a device copy would be read back
             // whole for each lookup: keep a host copy for lookups.
             let raw = b.src.matrix(Role::TokenEmbd, vocab, e)?;
             (Embedding::Own(lookup_matrix(raw, device)?), out)
@@ -257,9 +257,9 @@ pub fn build<S: WeightSource>(
 /// the device.
 fn lookup_matrix(raw: RawMatrix, device: &Device) -> Result<Matrix, ModelError> {
     Ok(match raw {
-        RawMatrix::Quant(t) if super::ggml_matrix::ggml_type(t.dtype()).is_some() => {
-            Matrix::Ggml(super::ggml_matrix::GgmlMatrix::from_qtensor(&t)?)
-        }
+        RawMatrix::Quant(t) if inferd_kernels::CpuMatrix::supports(t.dtype()) => Matrix::Cpu(
+            inferd_kernels::CpuMatrix::Ggml(inferd_kernels::GgmlMatrix::from_qtensor(&t)?),
+        ),
         RawMatrix::Quant(t) => Matrix::Quant(candle_core::quantized::QMatMul::QTensor(
             std::sync::Arc::new(t),
         )),

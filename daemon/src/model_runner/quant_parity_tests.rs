@@ -69,7 +69,7 @@ struct FileResult {
 /// - Q4_1, Q5_1, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K: every intermediate tensor equals
 ///   llama.cpp's bit for bit (`model::trace_tests`) — including llama.cpp's repacked
 ///   Q4_0/Q4_K gemm and gemv and its tiled K-quant kernel, chosen per row as llama.cpp
-///   chooses them (`inferd_kernels::paths`, `model::ubatch`) — so every prompt matches
+///   chooses them (`inferd_kernels::paths`, `inferd_kernels::ubatch`) — so every prompt matches
 ///   in full and the probabilities agree to llama-server's f32 softmax as the JSON
 ///   records it (≤ 2.5e-4 measured).
 /// - F16: the same, with llamafile's tinyBLAS order for the prompt's products.

@@ -1,4 +1,4 @@
-//! The register blocks of the tiled attention ([`super::cpu_attention_tiled`]): the
+//! The register blocks of the tiled attention ([`super::tiled`]): the
 //! scores of `R` query rows against one key tile, and their value sums.
 //!
 //! llama.cpp computes both with `simd_gemm` (`ggml/src/ggml-cpu/simd-gemm.h`): each
@@ -8,21 +8,24 @@
 //! changes nothing of any output's operations: every SIMD block equals the portable
 //! loops bit for bit (tested).
 
-use super::cpu_attention_tiled::TILE;
+use super::tiled::TILE;
 
 /// Which block kernels the CPU runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Simd {
+pub enum Simd {
+    /// Portable loops.
     Portable,
+    /// Eight-lane FMA blocks, two vectors per row.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// Eight-lane FMA blocks, four vectors per row (32 registers).
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
 impl Simd {
     /// The best the CPU has.
-    pub(super) fn detect() -> Self {
+    pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
@@ -40,7 +43,7 @@ impl Simd {
 /// `s[r][tk] = Σ_d k[d][tk] · q_r[d]`, one fma chain per score from 0 in `d` order, for
 /// the `TILE` keys of the tile `kt` (`[d][key]`, `hd × TILE`) and the query rows `qs`
 /// (`hd` values each).
-pub(super) fn scores<const R: usize>(
+pub fn scores<const R: usize>(
     simd: Simd,
     kt: &[f32],
     qs: [&[f32]; R],
@@ -70,7 +73,7 @@ pub(super) fn scores<const R: usize>(
 
 /// `acc_r[d] = fma(v[tk][d], p_r[tk], acc_r[d])` for the keys `tk` in `0..kv` in order
 /// and every `d < hd`, for the value tile `vt` (`[key][d]`) and the rows' weights `p`.
-pub(super) fn values<const R: usize>(
+pub fn values<const R: usize>(
     simd: Simd,
     vt: &[f32],
     hd: usize,
@@ -239,23 +242,9 @@ mod x86 {
     }
 }
 
-/// Seeded values in `[-1, 1]` (xorshift) for the attention tests.
-#[cfg(test)]
-pub(super) fn test_values(len: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::test_values as values_of;
+    use super::super::test_values as values_of;
     use super::*;
 
     fn check<const R: usize>(hd: usize, kv: usize) {

@@ -1,126 +1,13 @@
-//! The CPU paged-attention kernels: causal (optionally sliding-window) grouped-query
-//! attention of one layer over the host KV pool, split over the compute thread team.
-//! An f16 pool runs llama.cpp's flash-attention arithmetic ([`attend_head`]); an f32
-//! pool runs the exact softmax transformers computes ([`attend_head_exact`]).
+//! llama.cpp's one-chunk CPU flash attention for an f16 KV cache
+//! (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in `ggml/src/ggml-cpu/ops.cpp`):
+//! the path llama-server takes for decode rows and for prompts under 64 tokens.
 
 use half::f16;
 
-use super::cpu_attention_tiled::{attend_head_tiled, tiled_row};
-use super::kv_pool::{ForwardSeq, HostKv, KvBlockPool};
-use super::transformer::AttnShape;
+use super::HeadRows;
 
-/// Below this many (query row × key) pairs in a layer the attention runs on the calling
-/// thread: handing out tasks costs more than it saves.
-const PAR_MIN_PAIRS: usize = 256;
-
-/// Query rows per attention work item.
-const ROW_CHUNK: usize = 64;
-
-/// Causal grouped-query attention of one layer over the paged host pool.
-///
-/// `q` is `(T, n_head · head_dim)` f32 after RoPE, rows in batch order (the rows of
-/// `seqs[0]`, then `seqs[1]`, ...). Query row `r` of a sequence sits at position
-/// `start_pos + r` and attends to that sequence's positions `0 ..= start_pos + r`
-/// (the last `window` of them under a sliding window), which
-/// [`KvBlockPool::write_host`] must already hold. Returns `(T, n_head · head_dim)` f32.
-///
-/// Per query head: `s_j = (q · k_j) · scale`, `w = softmax(s)`, `y = Σ_j w_j v_j`, in
-/// ascending `j`. Every query row is computed by the same code whatever else is in the
-/// batch, so a sequence's output does not depend on its batch company, and a prompt
-/// prefilled in chunks gives the same values as one prefilled whole. With `ggml` (GGUF
-/// models) the prompt rows of long prompts take llama.cpp's tiled arithmetic
-/// ([`tiled_row`]), chosen by position and prompt length alone.
-///
-/// # Errors
-/// The pool is not a host pool.
-pub(super) fn attend_cpu(
-    pool: &KvBlockPool,
-    layer: usize,
-    seqs: &[ForwardSeq<'_>],
-    q: &[f32],
-    shape: AttnShape,
-    ggml: bool,
-) -> candle_core::Result<Vec<f32>> {
-    let Some(kv) = pool.host_layer(layer) else {
-        candle_core::bail!("layer {layer}: the CPU attention kernel needs a host KV pool");
-    };
-    let AttnShape {
-        n_head,
-        n_kv_head: _,
-        head_dim: hd,
-        ..
-    } = shape;
-    let row_width = n_head * hd;
-    let mut row0 = Vec::with_capacity(seqs.len());
-    let mut acc = 0;
-    for s in seqs {
-        row0.push(acc);
-        acc += s.tokens.len();
-    }
-    let total_rows = acc;
-    // Work items: (sequence, query head, first query row, end row); long prefill chunks
-    // are split by rows so both cores share them.
-    let work: Vec<(usize, usize, usize, usize)> = (0..seqs.len())
-        .flat_map(|i| {
-            let rows = seqs[i].tokens.len();
-            (0..n_head).flat_map(move |h| {
-                (0..rows)
-                    .step_by(ROW_CHUNK)
-                    .map(move |r0| (i, h, r0, (r0 + ROW_CHUNK).min(rows)))
-            })
-        })
-        .collect();
-    let pairs: usize = seqs
-        .iter()
-        .map(|s| s.tokens.len() * (s.start_pos + s.tokens.len()))
-        .sum();
-    let simd = Simd::detect();
-    let run = |&(i, h, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
-        let q = &q[row0[i] * row_width..];
-        let seq = &seqs[i];
-        match kv {
-            HostKv::F16(kc, vc) if ggml => {
-                // Runs of rows with the same kernel: llama.cpp's tiled one for prompt rows
-                // of long prompts, the one-chunk one otherwise.
-                let tiled = |r: usize| tiled_row(seq.start_pos + r, seq.prompt_len);
-                let mut out = Vec::with_capacity((r1 - r0) * shape.head_dim);
-                let mut a = r0;
-                while a < r1 {
-                    let t = tiled(a);
-                    let b = (a..r1).find(|&r| tiled(r) != t).unwrap_or(r1);
-                    if t {
-                        let offs = key_offsets(pool, seq, h, seq.start_pos + b, shape);
-                        out.extend(attend_head_tiled(kc, vc, &offs, seq, h, a..b, q, shape));
-                    } else {
-                        out.extend(attend_head(pool, kc, vc, seq, h, a..b, q, shape, simd));
-                    }
-                    a = b;
-                }
-                out
-            }
-            HostKv::F16(kc, vc) => attend_head(pool, kc, vc, seq, h, r0..r1, q, shape, simd),
-            HostKv::F32(kc, vc) => attend_head_exact(pool, kc, vc, seq, h, r0..r1, q, shape),
-        }
-    };
-    let outs: Vec<Vec<f32>> = if pairs * n_head >= PAR_MIN_PAIRS && work.len() > 1 {
-        super::team::map(work.len(), |i| run(&work[i]))
-    } else {
-        work.iter().map(run).collect()
-    };
-    let mut y = vec![0f32; total_rows * row_width];
-    for (&(i, h, r0, r1), out) in work.iter().zip(outs) {
-        for r in r0..r1 {
-            let dst = (row0[i] + r) * row_width + h * hd;
-            let src = (r - r0) * hd;
-            y[dst..dst + hd].copy_from_slice(&out[src..src + hd]);
-        }
-    }
-    Ok(y)
-}
-
-/// Attention of query head `h` for query rows `rows` of `seq`, reading K and V (f16)
-/// straight from the sequence's blocks. `q` starts at the sequence's first row.
-/// Returns `(rows.len(), head_dim)`.
+/// Attention of one work item ([`HeadRows`]), reading K and V (f16) straight from the
+/// sequence's blocks. Returns `(rows.len(), head_dim)`.
 ///
 /// The arithmetic is llama.cpp's CPU flash-attention kernel for an f16 KV cache
 /// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in ggml-cpu/ops.cpp, the path
@@ -131,33 +18,20 @@ pub(super) fn attend_cpu(
 /// weighted value sum in an f16 accumulator (`acc = f16(fma(v_j, e, acc))`, rescaled by
 /// `f16(acc · e^{M_old − M})` when the maximum grows); the output is `acc / S`.
 /// Matching its rounding keeps our greedy tokens on llama.cpp's path at near ties.
-#[allow(clippy::too_many_arguments)]
-fn attend_head(
-    pool: &KvBlockPool,
-    kc: &[f16],
-    vc: &[f16],
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    q: &[f32],
-    shape: AttnShape,
-    simd: Simd,
-) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let row_width = shape.n_head * hd;
-    let first = rows.start;
-    let mut out = vec![0f32; rows.len() * hd];
+pub fn attend_head(kc: &[f16], vc: &[f16], item: &HeadRows<'_>, simd: Simd) -> Vec<f32> {
+    let (hd, shape) = (item.shape.head_dim, item.shape);
+    let first = item.rows.start;
+    let mut out = vec![0f32; item.rows.len() * hd];
     let mut qh = vec![0f32; hd];
-    let max_keys = seq.start_pos + rows.end;
-    let offs = key_offsets(pool, seq, h, max_keys, shape);
+    let max_keys = item.max_keys();
+    let offs = item.offs;
     let mut scores = vec![0f32; max_keys];
     let mut rescale = vec![0f32; max_keys];
     let mut weight = vec![0f32; max_keys];
-    for r in rows {
-        let n_keys = seq.start_pos + r + 1;
-        let lo = first_key(n_keys, shape.window);
-        let src = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
-        for (d, &x) in qh.iter_mut().zip(src) {
+    for r in item.rows.clone() {
+        let keys = item.keys(r);
+        let (lo, n_keys) = (keys.start, keys.end);
+        for (d, &x) in qh.iter_mut().zip(item.q_row(r)) {
             *d = f16::from_f32(x).to_f32();
         }
         // Pass 1: every score (independent of the softmax state).
@@ -204,88 +78,20 @@ fn attend_head(
     out
 }
 
-/// Offset of key/value `j < n_keys` of query head `h`'s KV head in a layer's arrays
-/// (the pool's `(block, head, slot, d)` layout).
-fn key_offsets(
-    pool: &KvBlockPool,
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    n_keys: usize,
-    shape: AttnShape,
-) -> Vec<usize> {
-    let (hd, bs) = (shape.head_dim, pool.block_size());
-    let g = h / (shape.n_head / shape.n_kv_head);
-    (0..n_keys)
-        .map(|j| ((seq.block_table[j / bs] as usize * shape.n_kv_head + g) * bs + j % bs) * hd)
-        .collect()
-}
-
-/// The first key a query with `n_keys` causal keys sees: the last `window` of them
-/// (`i − window < j ≤ i`), or all.
-fn first_key(n_keys: usize, window: Option<usize>) -> usize {
-    window.map_or(0, |w| n_keys.saturating_sub(w))
-}
-
-/// [`attend_head`] for an f32 pool with transformers' eager arithmetic
-/// (`modeling_llama.eager_attention_forward`): `s_j = (q · k_j) · scale` summed in f32,
-/// `w = softmax(s)` with the maximum subtracted, `y = Σ_j w_j v_j`; nothing rounded to
-/// f16, so F32 checkpoints match transformers' logits within f32 noise.
-#[allow(clippy::too_many_arguments)]
-fn attend_head_exact(
-    pool: &KvBlockPool,
-    kc: &[f32],
-    vc: &[f32],
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    q: &[f32],
-    shape: AttnShape,
-) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let row_width = shape.n_head * hd;
-    let first = rows.start;
-    let mut out = vec![0f32; rows.len() * hd];
-    let max_keys = seq.start_pos + rows.end;
-    let offs = key_offsets(pool, seq, h, max_keys, shape);
-    let mut w = vec![0f32; max_keys];
-    for r in rows {
-        let n_keys = seq.start_pos + r + 1;
-        let lo = first_key(n_keys, shape.window);
-        let qr = &q[r * row_width + h * hd..r * row_width + (h + 1) * hd];
-        let mut max = f32::NEG_INFINITY;
-        for j in lo..n_keys {
-            let k = &kc[offs[j]..offs[j] + hd];
-            let s = qr.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * shape.scale;
-            w[j] = s;
-            max = max.max(s);
-        }
-        let mut sum = 0f32;
-        for x in &mut w[lo..n_keys] {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let acc = &mut out[(r - first) * hd..(r - first + 1) * hd];
-        for j in lo..n_keys {
-            let p = w[j] / sum;
-            for (a, &v) in acc.iter_mut().zip(&vc[offs[j]..offs[j] + hd]) {
-                *a += p * v;
-            }
-        }
-    }
-    out
-}
-
 /// The attention inner loops, with x86 AVX2/FMA/F16C when the CPU has them and a
 /// scalar path giving the same bits otherwise.
 #[derive(Debug, Clone, Copy)]
-enum Simd {
+pub enum Simd {
+    /// Portable code.
     Scalar,
+    /// AVX2 + FMA + F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
 }
 
 impl Simd {
-    fn detect() -> Self {
+    /// The best the CPU has.
+    pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2")
@@ -390,7 +196,7 @@ impl Simd {
 /// step (`acc = fma(a, b, acc)`), reduced as `(acc0 + acc2) + (acc1 + acc3)` lane-wise,
 /// then `_mm512_reduce_add_ps` (halves: 16 → 8 → 4 lanes, then `(l0 + l2) + (l1 + l3)`);
 /// a tail past the last multiple of 64 is added product by product in f64.
-fn dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot_f16_order(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let np = n / 64 * 64;
     let mut acc = [[0f32; 16]; 4];
@@ -548,10 +354,16 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{key_offsets, test_values, AttnShape, SeqRows};
     use super::*;
-    use candle_core::Device;
 
-    use crate::model::kv_pool::tests::rand_vec;
+    /// Seeded values in `[-2, 2]` that f16 holds exactly.
+    fn rand_vec(n: usize, seed: u32) -> Vec<f32> {
+        test_values(n, seed)
+            .iter()
+            .map(|&x| f16::from_f32(2.0 * x).to_f32())
+            .collect()
+    }
 
     #[test]
     fn simd_and_scalar_attention_loops_agree_bit_for_bit() {
@@ -603,70 +415,57 @@ mod tests {
     /// The three-pass head kernel with the register accumulator (AVX2) gives the bits
     /// of the portable per-key loops, over a scattered block table, for decode rows and
     /// a prefill chunk (scores with repeated and falling maxima included).
-    /// `read_block` gives the same bytes for a host and a tensor-backed pool holding the
-    /// same K/V, and `write_block` of those bytes into another block reproduces it.
     #[test]
     fn attention_head_simd_equals_scalar() {
-        let config = crate::model::KvLayout {
-            n_layer: 1,
-            n_kv_head: 1,
-            head_dim: 64,
-            dtype: crate::model::KvDtype::F16,
-        };
-        let mut pool = KvBlockPool::new(&config, 16, 12, &Device::Cpu).unwrap();
+        let (bs, hd, n_blocks) = (16, 64, 12);
         let table: Vec<u32> = vec![7, 2, 9, 0, 11, 4, 5];
         let n = 100;
-        let tokens = vec![1u32; n];
-        let seq = ForwardSeq {
-            tokens: &tokens,
+        let seq = SeqRows {
+            rows: n,
             start_pos: 0,
             block_table: &table,
-            logit_rows: 0,
             prompt_len: 0,
         };
-        let mut k = rand_vec(n * 64, 3);
-        let v = rand_vec(n * 64, 4);
+        let mut k = rand_vec(n * hd, 3);
+        let v = rand_vec(n * hd, 4);
         // Keys 40.. equal key 39: equal scores (no new maximum).
-        let k39 = k[39 * 64..40 * 64].to_vec();
+        let k39 = k[39 * hd..40 * hd].to_vec();
         for j in 40..50 {
-            k[j * 64..(j + 1) * 64].copy_from_slice(&k39);
+            k[j * hd..(j + 1) * hd].copy_from_slice(&k39);
         }
-        pool.write_host(0, &[seq], &k, &v).unwrap();
-        let Some(HostKv::F16(kc, vc)) = pool.host_layer(0) else {
-            panic!("f16 pool");
-        };
-        let q = rand_vec(n * 3 * 64, 5);
+        // The cache layout with one KV head: position j in block table[j / bs], slot j % bs.
+        let (mut kc, mut vc) = (
+            vec![f16::ZERO; n_blocks * bs * hd],
+            vec![f16::ZERO; n_blocks * bs * hd],
+        );
+        for j in 0..n {
+            let o = (table[j / bs] as usize * bs + j % bs) * hd;
+            for d in 0..hd {
+                kc[o + d] = f16::from_f32(k[j * hd + d]);
+                vc[o + d] = f16::from_f32(v[j * hd + d]);
+            }
+        }
+        let q = rand_vec(n * 3 * hd, 5);
         let shape = AttnShape {
             n_head: 3,
             n_kv_head: 1,
-            head_dim: 64,
+            head_dim: hd,
             scale: 0.125,
             window: None,
         };
         for h in 0..3 {
+            let offs = key_offsets(bs, &seq, h, n, shape);
             for rows in [0..16, 60..61, 99..100, 30..100] {
-                let a = attend_head(
-                    &pool,
-                    kc,
-                    vc,
-                    &seq,
-                    h,
-                    rows.clone(),
-                    &q,
+                let item = HeadRows {
                     shape,
-                    Simd::detect(),
-                );
-                let b = attend_head(
-                    &pool,
-                    kc,
-                    vc,
-                    &seq,
                     h,
-                    rows.clone(),
-                    &q,
-                    shape,
-                    Simd::Scalar,
-                );
+                    rows: rows.clone(),
+                    start_pos: 0,
+                    q: &q,
+                    offs: &offs,
+                };
+                let a = attend_head(&kc, &vc, &item, Simd::detect());
+                let b = attend_head(&kc, &vc, &item, Simd::Scalar);
                 let (a, b): (Vec<u32>, Vec<u32>) = (
                     a.iter().map(|x| x.to_bits()).collect(),
                     b.iter().map(|x| x.to_bits()).collect(),

@@ -4,9 +4,9 @@
 //! per matrix multiplication and attention layer). Waking pool threads through the OS
 //! for each costs a sizeable share of that, so, like ggml's CPU thread pool
 //! (`ggml/src/ggml-cpu/ggml-cpu.c`), the helpers busy-wait for the next job while the
-//! forward pass runs, and park only after [`SPIN`] without work (between steps of an
+//! forward pass runs, and park only after `SPIN` without work (between steps of an
 //! idle engine). Each thread takes the tasks of its own contiguous segment of the job
-//! first and then the others' ([`Segments`]), so a thread slowed down by other load on
+//! first and then the others' (`Segments`), so a thread slowed down by other load on
 //! a shared machine simply takes fewer of them.
 //!
 //! The calling thread works too: a team of `n` threads is the caller plus `n − 1`
@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use inferd_kernels::par::SendPtr;
+use crate::par::SendPtr;
 
 /// How long an idle helper spins for the next job before parking.
 const SPIN: Duration = Duration::from_micros(300);
@@ -65,7 +65,7 @@ struct Shared {
     /// The current job (a `Job` on the caller's stack), null between jobs.
     job: AtomicPtr<Job<'static>>,
     /// Per team thread (the caller is 0, helper `i` is `i + 1`): its segment of the
-    /// current job's tasks, `front << 32 | back` ([`Segments`]).
+    /// current job's tasks, `front << 32 | back` (`Segments`).
     segments: Segments,
     /// Helpers between noticing a job and being done with it.
     active: AtomicUsize,

@@ -1,4 +1,4 @@
-//! llama.cpp's element-wise formulas, for GGUF models ([`super::spec::Numerics::Ggml`]):
+//! llama.cpp's element-wise formulas, for GGUF models (the daemon's `Numerics::Ggml`):
 //! the operations of ggml's CPU backend as llama.cpp runs them on an AVX-512 machine
 //! (GCC, `-march=native`; sources in `ggml/src/ggml-cpu/` of the llama.cpp that the
 //! llama-cpp-python 0.3.36 sdist vendors). A quantized model re-quantizes its
@@ -8,7 +8,14 @@
 
 use std::sync::OnceLock;
 
-use crate::model::spec::Activation;
+/// The activation of a gated MLP (`act(gate) · up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (`x · σ(x)`): Llama, Qwen, Phi-3.
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): Gemma 3.
+    GeluTanh,
+}
 
 /// `ggml_compute_forward_rms_norm_f32` (`ops.cpp`) followed by the weight multiply:
 /// `sum = Σ (f64)(x·x)` in order, `mean = (f32)(sum / n)`, `scale = 1 / sqrtf(mean + ε)`,
@@ -24,7 +31,7 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     }
 }
 
-pub use inferd_kernels::expf::v_expf;
+pub use crate::expf::v_expf;
 
 /// One row of `ggml_vec_swiglu_f32` (`vec.cpp`): `silu(g) · u` with `silu(x) = x / (1 +
 /// v_expf(−x))` on 16-lane chunks, and `x / (1 + expf(−x))` (libm) for the rest. The

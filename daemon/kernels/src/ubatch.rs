@@ -1,5 +1,5 @@
 //! llama-server's micro-batches, for the kernels that follow llama.cpp's per-batch
-//! choices (tiled attention, [`inferd_kernels::Path`] of each matrix product).
+//! choices (tiled attention, [`crate::Path`] of each matrix product).
 //!
 //! llama-server prefills a prompt in micro-batches of [`UBATCH`] rows (`n_ubatch`, with
 //! `n_batch` 2048 ≥ it) from position 0 and decodes one token per step; which kernel
@@ -9,9 +9,8 @@
 //! company leave a sequence's values unchanged, and a sequence computes as llama-server
 //! computes it alone.
 
-use inferd_kernels::BatchRow;
-
-use super::kv_pool::ForwardSeq;
+use crate::attention::SeqRows;
+use crate::BatchRow;
 
 /// llama-server's micro-batch (`n_ubatch`, default 512).
 pub const UBATCH: usize = 512;
@@ -31,11 +30,9 @@ pub fn batch_row(pos: usize, prompt_len: usize) -> BatchRow {
 }
 
 /// [`batch_row`] of every row of `seqs`, in batch order.
-pub fn batch_rows(seqs: &[ForwardSeq<'_>]) -> Vec<BatchRow> {
+pub fn batch_rows(seqs: &[SeqRows<'_>]) -> Vec<BatchRow> {
     seqs.iter()
-        .flat_map(|s| {
-            (s.start_pos..s.start_pos + s.tokens.len()).map(|p| batch_row(p, s.prompt_len))
-        })
+        .flat_map(|s| (s.start_pos..s.start_pos + s.rows).map(|p| batch_row(p, s.prompt_len)))
         .collect()
 }
 

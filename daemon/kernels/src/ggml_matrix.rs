@@ -1,19 +1,21 @@
-//! A GGUF matrix of any ggml type on [`inferd_kernels`], split over output rows on the
-//! compute thread team ([`super::team`]).
+//! A GGUF matrix of any ggml type on this crate's kernels ([`QuantMatrix`]), split over
+//! output rows on the compute thread team ([`crate::team`]).
 //!
 //! The kernels follow ggml's arithmetic (activations converted to the type's
 //! `vec_dot_type`, per-row dot products in the order of ggml's x86 AVX2 code); the
-//! instruction set is chosen once per process ([`isa`]). Q4_1 and Q8_0 keep their own
-//! tiled kernels ([`super::q4_1`], [`super::q8_0`]), which give the same numbers.
+//! instruction set is chosen once per process ([`isa`]). Q4_1 has a layout of its own
+//! as well ([`crate::q4_1x4`], chosen by [`crate::CpuMatrix`]), which gives the same
+//! numbers.
 
 use std::sync::{Mutex, OnceLock};
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{Result, Tensor};
-use inferd_kernels::{BatchRow, GgmlType, Isa, QuantMatrix};
 
-use super::q4_1::{matmul_tensor, PAR_MIN_BLOCK_DOTS};
-use super::team;
+use crate::q4_1x4::PAR_MIN_BLOCK_DOTS;
+use crate::team;
+use crate::tensor::{ggml_type, matmul_tensor};
+use crate::{BatchRow, GgmlType, Isa, QuantMatrix};
 
 thread_local! {
     /// Each thread's weight-row-major products of its current task.
@@ -24,27 +26,6 @@ thread_local! {
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(Isa::detect)
-}
-
-/// The kernel crate's type for a candle ggml dtype (`None`: Q8_1/Q8_K, which are
-/// activation formats, not weight types).
-pub fn ggml_type(d: GgmlDType) -> Option<GgmlType> {
-    Some(match d {
-        GgmlDType::F32 => GgmlType::F32,
-        GgmlDType::F16 => GgmlType::F16,
-        GgmlDType::BF16 => GgmlType::Bf16,
-        GgmlDType::Q4_0 => GgmlType::Q4_0,
-        GgmlDType::Q4_1 => GgmlType::Q4_1,
-        GgmlDType::Q5_0 => GgmlType::Q5_0,
-        GgmlDType::Q5_1 => GgmlType::Q5_1,
-        GgmlDType::Q8_0 => GgmlType::Q8_0,
-        GgmlDType::Q2K => GgmlType::Q2K,
-        GgmlDType::Q3K => GgmlType::Q3K,
-        GgmlDType::Q4K => GgmlType::Q4K,
-        GgmlDType::Q5K => GgmlType::Q5K,
-        GgmlDType::Q6K => GgmlType::Q6K,
-        GgmlDType::Q8_1 | GgmlDType::Q8K => return None,
-    })
 }
 
 /// A weight matrix `(n, k)` of any implemented ggml type, for `y = x · Wᵀ`.
@@ -100,7 +81,7 @@ impl GgmlMatrix {
     }
 
     /// [`Self::matmul_host`] with each row on the kernel llama.cpp runs for it, given
-    /// its place `batch[j]` in llama.cpp's micro-batch (`inferd_kernels::paths`; empty:
+    /// its place `batch[j]` in llama.cpp's micro-batch (`crate::paths`; empty:
     /// `vec_dot` for every row).
     ///
     /// # Errors
@@ -216,7 +197,7 @@ fn transpose_into(
 #[cfg(test)]
 mod tests {
     use super::GgmlMatrix;
-    use crate::model::q4_1::Q4_1Matrix;
+    use crate::q4_1x4::Q4_1Matrix;
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
@@ -233,7 +214,7 @@ mod tests {
         ] {
             let src: Vec<f32> = (0..rows * n).map(|i| i as f32).collect();
             let mut out = vec![std::mem::MaybeUninit::new(f32::NAN); rows * n];
-            super::team::for_each_column_block(&mut out, n, chunk, |cols, block| {
+            crate::team::for_each_column_block(&mut out, n, chunk, |cols, block| {
                 // This block's weight-row-major part of `src^T`.
                 let part: Vec<f32> = cols
                     .clone()

@@ -11,68 +11,44 @@
 //! in key order (for every key of the tile: a row that sees none of them adds
 //! `fma(v, 0, acc)`, as llama.cpp's zeroed scores do); the output is `acc · (1 / S)`.
 //! Rows are independent of each other; [`ROWS`] of them share a key tile's loads
-//! ([`super::attn_blocks`]), which leaves every output's operations as they were (tested
+//! ([`super::blocks`]), which leaves every output's operations as they were (tested
 //! against the one-row kernel).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::attn_blocks::{self, Simd};
-use super::ggml_ops::v_expf;
-use super::kv_pool::ForwardSeq;
-use super::transformer::AttnShape;
+use super::blocks::{self, Simd};
+use super::HeadRows;
+use crate::eltwise::v_expf;
 
 /// Query rows from which llama.cpp tiles, and the key tile length.
 pub const TILE: usize = 64;
 
-/// Attention of query head `h` for rows `rows` of `seq` in the tiled kernel's
-/// arithmetic; `q` starts at the sequence's first row, `offs[j]` is key `j`'s offset in
-/// `kc`/`vc`. Returns `(rows.len(), head_dim)`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attend_head_tiled(
-    kc: &[f16],
-    vc: &[f16],
-    offs: &[usize],
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    q: &[f32],
-    shape: AttnShape,
-) -> Vec<f32> {
+/// Attention of one work item ([`HeadRows`]) in the tiled kernel's arithmetic.
+/// Returns `(rows.len(), head_dim)`.
+pub fn attend_head(kc: &[f16], vc: &[f16], item: &HeadRows<'_>) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: FMA was detected; the function only changes how `mul_add` compiles.
-        return unsafe { tiled_fma(kc, vc, offs, seq, h, rows, q, shape) };
+        return unsafe { tiled_fma(kc, vc, item) };
     }
-    tiled(kc, vc, offs, seq, h, rows, q, shape)
+    tiled(kc, vc, item)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiled_fma(
-    kc: &[f16],
-    vc: &[f16],
-    offs: &[usize],
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    q: &[f32],
-    shape: AttnShape,
-) -> Vec<f32> {
-    tiled(kc, vc, offs, seq, h, rows, q, shape)
+unsafe fn tiled_fma(kc: &[f16], vc: &[f16], item: &HeadRows<'_>) -> Vec<f32> {
+    tiled(kc, vc, item)
 }
 
 /// Query rows computed together against a key tile (their scores and value sums in
-/// registers, [`super::attn_blocks`]; llama.cpp's `simd_gemm` blocks rows too).
-const ROWS: usize = 4;
+/// registers, [`super::blocks`]; llama.cpp's `simd_gemm` blocks rows too).
+pub const ROWS: usize = 4;
 
 /// One head's query rows and running softmax state, and the current key tile.
 struct Tile<'a> {
     simd: Simd,
-    q: &'a [f32],
-    row_width: usize,
-    h: usize,
+    item: &'a HeadRows<'a>,
     hd: usize,
     first: usize,
     /// `K` transposed (`[d][key]`, keys contiguous as in ggml's `K_f32`), `V` as
@@ -88,24 +64,13 @@ struct Tile<'a> {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tiled(
-    kc: &[f16],
-    vc: &[f16],
-    offs: &[usize],
-    seq: &ForwardSeq<'_>,
-    h: usize,
-    rows: std::ops::Range<usize>,
-    q: &[f32],
-    shape: AttnShape,
-) -> Vec<f32> {
+fn tiled<'a>(kc: &[f16], vc: &[f16], item: &'a HeadRows<'a>) -> Vec<f32> {
+    let (shape, rows, offs) = (item.shape, item.rows.clone(), item.offs);
     let hd = shape.head_dim;
     let n_rows = rows.len();
     let mut t = Tile {
         simd: Simd::detect(),
-        q,
-        row_width: shape.n_head * hd,
-        h,
+        item,
         hd,
         first: rows.start,
         kt: vec![0f32; hd * TILE],
@@ -117,11 +82,9 @@ fn tiled(
         sum: vec![0f32; n_rows],
     };
     let mut krow = vec![0f32; hd];
-    let max_keys = seq.start_pos + rows.end;
+    let max_keys = item.max_keys();
     // Keys any row of this range can see.
-    let lo_all = shape
-        .window
-        .map_or(0, |w| (seq.start_pos + rows.start + 1).saturating_sub(w));
+    let lo_all = item.keys(rows.start).start;
     for t0 in (lo_all / TILE * TILE..max_keys).step_by(TILE) {
         let kv = TILE.min(max_keys - t0);
         for tk in 0..kv {
@@ -138,10 +101,10 @@ fn tiled(
         while r < rows.end {
             let n = (rows.end - r).min(ROWS);
             match n {
-                4 => rows_tile::<4>(&mut t, r, seq, shape),
-                3 => rows_tile::<3>(&mut t, r, seq, shape),
-                2 => rows_tile::<2>(&mut t, r, seq, shape),
-                _ => rows_tile::<1>(&mut t, r, seq, shape),
+                4 => rows_tile::<4>(&mut t, r),
+                3 => rows_tile::<3>(&mut t, r),
+                2 => rows_tile::<2>(&mut t, r),
+                _ => rows_tile::<1>(&mut t, r),
             }
             r += n;
         }
@@ -159,18 +122,16 @@ fn tiled(
 /// A row that sees no key of the tile keeps its state, and adds `fma(v, 0, acc)` as
 /// llama.cpp (which zeroes its scores) does.
 #[inline(always)]
-fn rows_tile<const R: usize>(t: &mut Tile<'_>, r0: usize, seq: &ForwardSeq<'_>, shape: AttnShape) {
-    let (hd, t0, kv) = (t.hd, t.t0, t.kv);
-    let qs: [&[f32]; R] = std::array::from_fn(|i| {
-        let r = r0 + i;
-        &t.q[r * t.row_width + t.h * hd..r * t.row_width + (t.h + 1) * hd]
-    });
-    let mut s = attn_blocks::scores(t.simd, &t.kt, qs, hd);
+fn rows_tile<const R: usize>(t: &mut Tile<'_>, r0: usize) {
+    let (hd, t0, kv, item) = (t.hd, t.t0, t.kv, t.item);
+    let shape = item.shape;
+    let qs: [&[f32]; R] = std::array::from_fn(|i| item.q_row(r0 + i));
+    let mut s = blocks::scores(t.simd, &t.kt, qs, hd);
     // Softmax state per row; `s` becomes the tile's `p`.
     for (i, sr) in s.iter_mut().enumerate() {
         let r = r0 + i;
-        let n_keys = seq.start_pos + r + 1;
-        let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
+        let keys = item.keys(r);
+        let (lo, n_keys) = (keys.start, keys.end);
         for (tk, sv) in sr.iter_mut().enumerate() {
             let j = t0 + tk;
             *sv = if j < lo || j >= n_keys {
@@ -201,26 +162,26 @@ fn rows_tile<const R: usize>(t: &mut Tile<'_>, r0: usize, seq: &ForwardSeq<'_>, 
                 *v = v_expf(*v - m_new);
                 *l = *v;
             }
-            tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
+            tile_sum += f64::from(crate::lanes::reduce_add_16(&lanes));
         }
         t.sum[ri] = (f64::from(t.sum[ri]) + tile_sum) as f32;
     }
     let ri0 = r0 - t.first;
     let mut rows_out = t.out[ri0 * hd..(ri0 + R) * hd].chunks_exact_mut(hd);
     let mut acc: [&mut [f32]; R] = std::array::from_fn(|_| rows_out.next().unwrap_or_default());
-    attn_blocks::values(t.simd, &t.vt, hd, kv, &s, &mut acc);
+    blocks::values(t.simd, &t.vt, hd, kv, &s, &mut acc);
 }
 
 /// Whether llama-server computes the attention of the prompt row at `pos` (of a prompt
 /// of `prompt_len` tokens) with the tiled kernel: the row's micro-batch has at least
 /// [`TILE`] rows (`neq1 >= Q_TILE_SZ` in `ggml_compute_forward_flash_attn_ext_f16`).
 pub fn tiled_row(pos: usize, prompt_len: usize) -> bool {
-    super::ubatch::batch_row(pos, prompt_len).len as usize >= TILE
+    crate::ubatch::batch_row(pos, prompt_len).len as usize >= TILE
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::attn_blocks::test_values as values;
+    use super::super::{test_values as values, AttnShape};
     use super::*;
 
     /// The kernel before its rows were blocked, one query row at a time: the oracle
@@ -230,7 +191,7 @@ mod tests {
         kc: &[f16],
         vc: &[f16],
         offs: &[usize],
-        seq: &ForwardSeq<'_>,
+        start_pos: usize,
         h: usize,
         rows: std::ops::Range<usize>,
         q: &[f32],
@@ -242,12 +203,12 @@ mod tests {
         let mut out = vec![0f32; rows.len() * hd];
         let mut m = vec![f32::NEG_INFINITY; rows.len()];
         let mut sum = vec![0f32; rows.len()];
-        let max_keys = seq.start_pos + rows.end;
+        let max_keys = start_pos + rows.end;
         let mut s = [0f32; TILE];
         for t0 in (0..max_keys).step_by(TILE) {
             let kv = TILE.min(max_keys - t0);
             for r in rows.clone() {
-                let n_keys = seq.start_pos + r + 1;
+                let n_keys = start_pos + r + 1;
                 let lo = shape.window.map_or(0, |w| n_keys.saturating_sub(w));
                 if t0 >= n_keys || t0 + TILE <= lo {
                     continue;
@@ -285,7 +246,7 @@ mod tests {
                         *v = v_expf(*v - m_new);
                         *l = *v;
                     }
-                    tile_sum += f64::from(inferd_kernels::lanes::reduce_add_16(&lanes));
+                    tile_sum += f64::from(crate::lanes::reduce_add_16(&lanes));
                 }
                 sum[i] = (f64::from(sum[i]) + tile_sum) as f32;
                 for (tk, &p) in s.iter().enumerate().take(kv) {
@@ -324,14 +285,6 @@ mod tests {
                 .collect();
             let offs: Vec<usize> = (0..keys).map(|j| j * hd).collect();
             let q = values(n_rows * n_head * hd, 3);
-            let tokens = vec![0u32; n_rows];
-            let seq = ForwardSeq {
-                tokens: &tokens,
-                start_pos,
-                block_table: &[],
-                logit_rows: 1,
-                prompt_len: keys,
-            };
             let shape = AttnShape {
                 n_head,
                 n_kv_head: 1,
@@ -340,8 +293,17 @@ mod tests {
                 window,
             };
             for (h, rows) in [(0, 0..n_rows), (1, 3..n_rows - 2), (1, 10..11)] {
-                let want = one_row_at_a_time(&kc, &vc, &offs, &seq, h, rows.clone(), &q, shape);
-                let got = attend_head_tiled(&kc, &vc, &offs, &seq, h, rows.clone(), &q, shape);
+                let want =
+                    one_row_at_a_time(&kc, &vc, &offs, start_pos, h, rows.clone(), &q, shape);
+                let item = HeadRows {
+                    shape,
+                    h,
+                    rows: rows.clone(),
+                    start_pos,
+                    q: &q,
+                    offs: &offs,
+                };
+                let got = attend_head(&kc, &vc, &item);
                 assert_eq!(got.len(), want.len());
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
