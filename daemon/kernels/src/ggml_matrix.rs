@@ -111,8 +111,10 @@ impl GgmlMatrix {
         let per_task = if n * rows * (k / 32).max(1) < PAR_MIN_BLOCK_DOTS || threads <= 1 {
             n
         } else {
-            // About eight tasks per thread, claimed dynamically, in whole weight rows.
-            n.div_ceil(threads * 8).max(1)
+            // About eight tasks per thread, claimed dynamically, in whole weight rows —
+            // whole groups of interleaved rows, which the kernels read together.
+            let g = self.m.interleave().max(1);
+            n.div_ceil(threads * 8).max(1).div_ceil(g) * g
         };
         // Each task computes its weight rows for every activation row into its thread's
         // scratch (weight-row major, the kernels' layout) and writes them into its

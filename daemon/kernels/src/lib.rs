@@ -71,6 +71,8 @@ pub mod q4_0;
 pub mod q4_1;
 pub mod q4_1x4;
 pub mod q4_k;
+pub mod q4_k_x16;
+mod q4_k_x16_kernel;
 pub mod q5_0;
 pub mod q5_1;
 pub mod q5_k;

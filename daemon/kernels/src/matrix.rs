@@ -95,6 +95,15 @@ pub trait Kernel: Send + Sync {
     ) -> Result<(), KernelError>;
     /// ggml's dequantization of one row.
     fn dequantize_row(&self, row: &[u8], out: &mut [f32]);
+    /// Row `r` of the stored bytes `data`, in ggml's layout (`row_bytes` bytes).
+    fn stored_row(&self, data: &[u8], row_bytes: usize, group: Interleave, r: usize) -> Vec<u8> {
+        if group > 1 {
+            let (_, block) = self.ty().block();
+            layout::row_of(data, row_bytes, block, group, r)
+        } else {
+            data[r * row_bytes..(r + 1) * row_bytes].to_vec()
+        }
+    }
 }
 
 /// The [`Kernel`] of a [`Quant`] type.
@@ -328,6 +337,7 @@ impl QuantMatrix {
     }
 
     /// [`Self::new`], the rows stored in the layout that `isa`'s kernels read fastest:
+    /// Q4_K matrices that llama.cpp repacks in [`crate::q4_k_x16`]'s layout for AVX-512,
     /// Q5_0 and Q8_0 rows interleaved in groups of four for the AVX-512 block tiles
     /// ([`Interleave`]; those types run `vec_dot` on every path, so no other kernel
     /// reads their rows), ggml's layout otherwise. Products and dequantized rows are the
@@ -343,6 +353,13 @@ impl QuantMatrix {
         k: usize,
     ) -> Result<Self, KernelError> {
         let mut m = Self::new(ty, data, n, k)?;
+        if isa == Isa::Avx512 && ty == GgmlType::Q4K && paths::repacked(ty, n) {
+            // llama.cpp repacks these (gemm/gemv only): sixteen rows per register.
+            m.data = crate::q4_k_x16::repack(&m.data, n, k / 256);
+            m.group = crate::q4_k_x16::GROUP;
+            m.kernel = &crate::q4_k_x16_kernel::Q4KX16;
+            return Ok(m);
+        }
         let group = if isa == Isa::Avx512 && matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {
             4
         } else {
@@ -356,7 +373,8 @@ impl QuantMatrix {
         Ok(m)
     }
 
-    /// Rows per interleaved group of the stored bytes ([`Interleave`]).
+    /// Rows per interleaved group of the stored bytes ([`Interleave`]): feature ranges
+    /// handed to [`Self::matmul_range_paths`] are best whole groups.
     pub fn interleave(&self) -> Interleave {
         self.group
     }
@@ -476,8 +494,9 @@ impl QuantMatrix {
                 return Err(KernelError::RowId { id, n: self.n });
             }
             if self.group > 1 {
-                let (_, block) = self.ty().block();
-                let row = layout::row_of(&self.data, self.row_bytes, block, self.group, r);
+                let row = self
+                    .kernel
+                    .stored_row(&self.data, self.row_bytes, self.group, r);
                 self.kernel.dequantize_row(&row, o);
             } else {
                 self.kernel
