@@ -26,10 +26,19 @@ targets=("${all_targets[@]}")
 flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DLLAMA_CURL=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
        -DLLAMA_BUILD_SERVER=ON)
+# A CPU that reports AMX (Sapphire Rapids and later) makes -march=native compile ggml's AMX
+# matrix kernels, and ggml uses them whenever the kernel grants the tile state; in our VMs
+# the first tile instruction then dies with SIGILL (llama-bench and llama-server crash on
+# the first product). So the build keeps everything -march=native gives but AMX.
+if echo | cc -march=native -dM -E - 2>/dev/null | grep -q __AMX_TILE__; then
+    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    flags+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+fi
 
 built() {
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
-    [ -f "$dir/build-info.txt" ]
+    # a build made with other flags (before the AMX rule above, say) is made again
+    grep -qxF "cmake ${flags[*]}" "$dir/build-info.txt" 2>/dev/null
 }
 
 build() {
