@@ -11,7 +11,7 @@ but each subcommand is self-contained:
       --update-manifest writes the manifest from what was produced instead of checking.
   quant-parity.py wait-health URL SECONDS
       polls URL/health until it answers 200 (exit 1 on timeout).
-  quant-parity.py refs-one --url URL --model GGUF --label LABEL --family smollm2|gemma3 --out JSON
+  quant-parity.py refs-one --url URL --model GGUF --label LABEL --family smollm2|gemma3|own --out JSON
                            --bin BIN --build-info FILE --server-cmd CMD
       runs the fixed prompt set against a llama-server already listening at URL and writes JSON.
   quant-parity.py check-prompts JSON...
@@ -361,6 +361,12 @@ OWN_CHATS = [
                            "Écris une fonction Python qui renvoie « naïve café » à l'envers ☕ (reverse it)."}]),
 ]
 
+# Raw prompts of the `own` family (models without fixture token ids).
+OWN_RAW = [
+    ("raw-code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("raw-prose", "The three primary colors are"),
+]
+
 PROBS_DOC = (
     "Request: n_probs 2, post_sampling_probs false (the default). In this llama.cpp "
     "(tools/server/server-context.cpp populate_token_probs, post_sampling=false -> "
@@ -449,6 +455,14 @@ def build_prompts(url, family):
                         "source": "shared/fixtures/llamacpp/reference.json raw_completion",
                         "prompt": rc["prompt"], "prompt_token_ids": rc["prompt_token_ids"],
                         "fixture_generated_token_ids": rc["generated_token_ids"]})
+    elif family == "own":
+        # A model with a tokenizer of its own (no fixture ids): raw prompts tokenized by the
+        # server, then the own chats below.
+        for pid, text in OWN_RAW:
+            ids = post(url + "/tokenize", {"content": text, "add_special": True,
+                                           "parse_special": True})["tokens"]
+            prompts.append({"id": pid, "kind": "raw", "source": "own (scripts/quant-parity.py OWN_RAW)",
+                            "prompt": text, "prompt_token_ids": ids})
     else:
         with open(GEMMA_REF) as f:
             ref = json.load(f)
@@ -601,7 +615,7 @@ def main():
     for k in ("--url", "--model", "--label", "--out", "--bin", "--build-info", "--server-cmd",
               "--model-source"):
         s.add_argument(k, required=True)
-    s.add_argument("--family", choices=("smollm2", "gemma3"), required=True)
+    s.add_argument("--family", choices=("smollm2", "gemma3", "own"), required=True)
     s = sub.add_parser("check-prompts")
     s.add_argument("files", nargs="+")
     a = ap.parse_args()

