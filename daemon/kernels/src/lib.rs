@@ -61,6 +61,7 @@ pub mod tensor;
 pub mod tiles;
 pub mod types;
 pub mod ubatch;
+mod x16_kernel;
 
 pub mod bf16;
 pub mod f16;
@@ -72,11 +73,11 @@ pub mod q4_1;
 pub mod q4_1x4;
 pub mod q4_k;
 pub mod q4_k_x16;
-mod q4_k_x16_kernel;
 pub mod q5_0;
 pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
+pub mod q6_k_x16;
 pub mod q8_0;
 
 #[cfg(test)]

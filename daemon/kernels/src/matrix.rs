@@ -338,6 +338,7 @@ impl QuantMatrix {
 
     /// [`Self::new`], the rows stored in the layout that `isa`'s kernels read fastest:
     /// Q4_K matrices that llama.cpp repacks in [`crate::q4_k_x16`]'s layout for AVX-512,
+    /// Q6_K matrices in [`crate::q6_k_x16`]'s,
     /// Q5_0 and Q8_0 rows interleaved in groups of four for the AVX-512 block tiles
     /// ([`Interleave`]; those types run `vec_dot` on every path, so no other kernel
     /// reads their rows), ggml's layout otherwise. Products and dequantized rows are the
@@ -357,7 +358,14 @@ impl QuantMatrix {
             // llama.cpp repacks these (gemm/gemv only): sixteen rows per register.
             m.data = crate::q4_k_x16::repack(&m.data, n, k / 256);
             m.group = crate::q4_k_x16::GROUP;
-            m.kernel = &crate::q4_k_x16_kernel::Q4KX16;
+            m.kernel = &crate::x16_kernel::Q4K_X16;
+            return Ok(m);
+        }
+        if isa == Isa::Avx512 && ty == GgmlType::Q6K {
+            // vec_dot and tiled rows, sixteen rows per register.
+            m.data = crate::q6_k_x16::repack(&m.data, n, k / 256);
+            m.group = crate::q6_k_x16::GROUP;
+            m.kernel = &crate::x16_kernel::Q6K_X16;
             return Ok(m);
         }
         let group = if isa == Isa::Avx512 && matches!(ty, GgmlType::Q5_0 | GgmlType::Q8_0) {

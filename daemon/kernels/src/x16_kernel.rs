@@ -1,0 +1,312 @@
+//! The [`Kernel`] of a K-quant matrix stored sixteen rows at a time
+//! ([`crate::q4_k_x16`], [`crate::q6_k_x16`]): the rows whose llama.cpp path the layout's
+//! AVX-512 kernel follows run there, any other path (and any other instruction set) on
+//! the ggml rows recovered from the layout, through the type's own kernels — slower, the
+//! same bits.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use crate::act::{Activations, ParFor, Q8KBlock, Q8K};
+use crate::layout::Interleave;
+use crate::matrix::{kernel_for, AnyActivations, Kernel};
+use crate::{GgmlType, Isa, KernelError, Path, Quant};
+
+/// Rows per group of every sixteen-row layout.
+const GROUP: usize = 16;
+
+/// One sixteen-row layout: its type, block size, rows and kernel.
+pub(crate) trait Sixteen: Send + Sync + 'static {
+    /// The ggml type stored.
+    type Q: Quant<Act = Q8K>;
+    /// Bytes of one stored block of sixteen rows.
+    const BLOCK_BYTES: usize;
+    /// Whether the layout's kernel follows `path`.
+    fn fast(path: Path) -> bool;
+    /// Row `r` of the stored bytes, in ggml's layout.
+    fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8>;
+    /// `out[r][l] = w_l · a[r]` on `path` (one [`Self::fast`] accepts).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C; `w` holds `nb` blocks, every `a[r]`
+    /// at least `nb`.
+    unsafe fn dots<const R: usize>(
+        w: &[u8],
+        nb: usize,
+        a: [&[Q8KBlock]; R],
+        path: Path,
+        out: &mut [[f32; GROUP]; R],
+    );
+}
+
+/// Q4_K in [`crate::q4_k_x16`]'s layout (llama.cpp's gemm and gemv rows).
+pub(crate) struct Q4KX16;
+
+impl Sixteen for Q4KX16 {
+    type Q = crate::q4_k::Q4K;
+    const BLOCK_BYTES: usize = crate::q4_k_x16::BLOCK_BYTES;
+    fn fast(path: Path) -> bool {
+        matches!(path, Path::Gemm | Path::Gemv)
+    }
+    fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
+        crate::q4_k_x16::row_of(packed, nb, r)
+    }
+    unsafe fn dots<const R: usize>(
+        w: &[u8],
+        nb: usize,
+        a: [&[Q8KBlock]; R],
+        path: Path,
+        out: &mut [[f32; GROUP]; R],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        return if path == Path::Gemm {
+            crate::q4_k_x16::x86::group_dots::<R, true>(w, nb, a, out)
+        } else {
+            crate::q4_k_x16::x86::group_dots::<R, false>(w, nb, a, out)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (w, nb, a, path, out);
+    }
+}
+
+/// Q6_K in [`crate::q6_k_x16`]'s layout (llama.cpp's vec_dot and tiled rows).
+pub(crate) struct Q6KX16;
+
+impl Sixteen for Q6KX16 {
+    type Q = crate::q6_k::Q6K;
+    const BLOCK_BYTES: usize = crate::q6_k_x16::BLOCK_BYTES;
+    fn fast(path: Path) -> bool {
+        crate::q6_k_x16::fast(path)
+    }
+    fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
+        crate::q6_k_x16::row_of(packed, nb, r)
+    }
+    unsafe fn dots<const R: usize>(
+        w: &[u8],
+        nb: usize,
+        a: [&[Q8KBlock]; R],
+        path: Path,
+        out: &mut [[f32; GROUP]; R],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        return if path == Path::Tiled {
+            crate::q6_k_x16::x86::group_dots::<R, true>(w, nb, a, out)
+        } else {
+            crate::q6_k_x16::x86::group_dots::<R, false>(w, nb, a, out)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (w, nb, a, path, out);
+    }
+}
+
+/// [`Kernel`] of a sixteen-row layout.
+pub(crate) struct X16<S>(PhantomData<fn() -> S>);
+
+/// The Q4_K layout's kernel.
+pub(crate) static Q4K_X16: X16<Q4KX16> = X16(PhantomData);
+/// The Q6_K layout's kernel.
+pub(crate) static Q6K_X16: X16<Q6KX16> = X16(PhantomData);
+
+impl<S: Sixteen> Kernel for X16<S> {
+    fn ty(&self) -> GgmlType {
+        S::Q::TYPE
+    }
+
+    fn quantize(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        k: usize,
+        paths: &[Path],
+        par: ParFor<'_>,
+    ) -> Result<AnyActivations, KernelError> {
+        kernel_for(S::Q::TYPE).quantize(xs, rows, k, paths, par)
+    }
+
+    fn matmul_range(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        _group: Interleave,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let AnyActivations::Q8K(a) = act else {
+            return Err(KernelError::Activations(
+                "q4_K weights need q8_K activations".into(),
+            ));
+        };
+        let rows = a.rows();
+        let nb = row_bytes / S::Q::BLOCK_BYTES;
+        if rows == 0 || features.is_empty() {
+            return Ok(());
+        }
+        if out.len() != rows * features.len()
+            || features.end.div_ceil(GROUP) * nb * S::BLOCK_BYTES > w.len()
+            || a.k() != nb * S::Q::BLOCK_VALUES
+            || (!paths.is_empty() && paths.len() != rows)
+        {
+            return Err(KernelError::Activations(format!(
+                "{} outputs, {} paths and rows of {} values for {rows} rows × features {features:?} of rows of {nb} {} blocks",
+                out.len(),
+                paths.len(),
+                a.k(),
+                S::Q::TYPE.name()
+            )));
+        }
+        let path = |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
+        let fast = |p: Path| isa == Isa::Avx512 && S::fast(p);
+        for g in features.start / GROUP..features.end.div_ceil(GROUP) {
+            let wg = &w[g * nb * S::BLOCK_BYTES..(g + 1) * nb * S::BLOCK_BYTES];
+            // This group's weight rows within `features`.
+            let r0 = (g * GROUP).max(features.start);
+            let r1 = ((g + 1) * GROUP).min(features.end);
+            let mut j = 0;
+            while j < rows {
+                let p = path(j);
+                let mut e = j + 1;
+                while e < rows && path(e) == p {
+                    e += 1;
+                }
+                if fast(p) {
+                    group_rows::<S>(wg, nb, a, j..e, p, |jj, lanes| {
+                        for r in r0..r1 {
+                            out[(r - features.start) * rows + jj] = lanes[r - g * GROUP];
+                        }
+                    });
+                } else {
+                    for r in r0..r1 {
+                        let row = S::row_of(w, nb, r);
+                        let o = (r - features.start) * rows;
+                        S::Q::path_rows(isa, p, &row, a, j..e, &mut out[o + j..o + e]);
+                    }
+                }
+                j = e;
+            }
+        }
+        Ok(())
+    }
+
+    fn dequantize_row(&self, row: &[u8], out: &mut [f32]) {
+        kernel_for(S::Q::TYPE).dequantize_row(row, out);
+    }
+
+    fn stored_row(&self, data: &[u8], row_bytes: usize, _group: Interleave, r: usize) -> Vec<u8> {
+        S::row_of(data, row_bytes / S::Q::BLOCK_BYTES, r)
+    }
+}
+
+/// The sixteen lanes of group `wg` for activation rows `js`, in tiles of 4, 2 and 1
+/// rows; `put(j, lanes)` receives row `j`'s outputs.
+fn group_rows<S: Sixteen>(
+    wg: &[u8],
+    nb: usize,
+    a: &Activations<Q8K>,
+    js: Range<usize>,
+    path: Path,
+    mut put: impl FnMut(usize, &[f32; GROUP]),
+) {
+    let mut j = js.start;
+    macro_rules! tile {
+        ($r:literal) => {
+            while js.end - j >= $r {
+                let mut o = [[0f32; GROUP]; $r];
+                let rows: [&[_]; $r] = std::array::from_fn(|i| a.row(j + i));
+                // SAFETY: only called for `Isa::Avx512` (F, BW, VL, VNNI, with AVX2, FMA
+                // and F16C); `wg` holds `nb` blocks and every activation row `nb` blocks
+                // (checked by the caller).
+                unsafe { S::dots::<$r>(wg, nb, rows, path, &mut o) };
+                for (i, lanes) in o.iter().enumerate() {
+                    put(j + i, lanes);
+                }
+                j += $r;
+            }
+        };
+    }
+    tile!(4);
+    tile!(2);
+    tile!(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::GgmlDType;
+
+    use crate::paths::{BatchRow, Path};
+    use crate::{GgmlType, Isa, QuantMatrix};
+
+    /// A stored matrix (40 rows: two groups and a padded one) gives the plain ggml
+    /// matrix's bits for every path mix (Q4_K: a 9-row micro-batch's gemm and gemv rows
+    /// and a decode row; Q6_K: vec_dot and tiled rows; both: the other paths, through the
+    /// recovered rows), for feature ranges that cut groups, and the same dequantized rows.
+    fn check(ty: GgmlType, dtype: GgmlDType) {
+        let (n, k) = (40, 512);
+        let w = crate::testing::random(n * k, 3);
+        let (bytes, _) = crate::testing::quantize(&w, n, k, dtype);
+        let plain = QuantMatrix::new(ty, bytes.clone(), n, k).expect("plain");
+        let rows = 11;
+        let xs = crate::testing::random(rows * k, 9);
+        let mut mixed = plain.paths(
+            &(0..9)
+                .map(|i| BatchRow { index: i, len: 9 })
+                .chain([BatchRow::SINGLE])
+                .collect::<Vec<_>>(),
+        );
+        mixed.push(Path::VecDot);
+        let mut all = vec![Path::Tiled; 6];
+        all.extend([
+            Path::VecDot,
+            Path::Gemm,
+            Path::Gemv,
+            Path::VecDot,
+            Path::Tiled,
+        ]);
+        for isa in Isa::available() {
+            let fast = QuantMatrix::for_isa(isa, ty, bytes.clone(), n, k).expect("fast");
+            assert_eq!(fast.interleave() > 1, isa == Isa::Avx512);
+            for paths in [
+                mixed.clone(),
+                all.clone(),
+                vec![Path::Tiled; rows],
+                Vec::new(),
+            ] {
+                let a = plain.quantize_for(&xs, rows, &paths).expect("act");
+                for f in [0..n, 3..37, 16..32, 17..18] {
+                    let (mut u, mut v) = (vec![0f32; rows * f.len()], vec![0f32; rows * f.len()]);
+                    plain
+                        .matmul_range_paths(isa, &a, f.clone(), &paths, &mut u)
+                        .expect("plain");
+                    fast.matmul_range_paths(isa, &a, f.clone(), &paths, &mut v)
+                        .expect("fast");
+                    let bits = |w: &[f32]| w.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&u),
+                        bits(&v),
+                        "{ty:?} {isa:?} features {f:?} paths {paths:?}"
+                    );
+                }
+            }
+            let ids = [0u32, 15, 16, 39];
+            assert_eq!(
+                plain.dequantize_rows(&ids).expect("rows"),
+                fast.dequantize_rows(&ids).expect("rows")
+            );
+        }
+    }
+
+    #[test]
+    fn stored_q4_k_matrix_equals_the_plain_one() {
+        let q4 = QuantMatrix::new(GgmlType::Q4K, vec![0; 40 * 2 * 144], 40, 512).expect("q4_k");
+        let paths = q4.paths(&[BatchRow { index: 0, len: 9 }, BatchRow::SINGLE]);
+        assert_eq!(paths, [Path::Gemm, Path::Gemv]);
+        check(GgmlType::Q4K, GgmlDType::Q4K);
+    }
+
+    #[test]
+    fn stored_q6_k_matrix_equals_the_plain_one() {
+        check(GgmlType::Q6K, GgmlDType::Q6K);
+    }
+}
