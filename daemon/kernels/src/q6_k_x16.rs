@@ -143,7 +143,9 @@ pub mod x86 {
                     }
                     for (lr, pr) in lanes.iter_mut().zip(&part) {
                         for (q, p) in pr.iter().enumerate() {
-                            let l = 4 * h + q;
+                            // The tiled order needs only the block total (exact): one
+                            // accumulator per row.
+                            let l = if TILED { 0 } else { 4 * h + q };
                             lr[l] = _mm512_add_epi32(lr[l], _mm512_mullo_epi32(*p, s));
                         }
                     }
@@ -152,7 +154,7 @@ pub mod x86 {
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
                 // Lane l's offset: 32 · (sc[2l] · B_2l + sc[2l+1] · B_2l+1).
-                for (l, lane) in lanes[r].iter_mut().enumerate() {
+                for l in 0..8 {
                     let off = _mm512_add_epi32(
                         _mm512_mullo_epi32(
                             sc(2 * l),
@@ -163,14 +165,11 @@ pub mod x86 {
                             _mm512_set1_epi32(i32::from(ab.bsums[2 * l + 1])),
                         ),
                     );
-                    *lane = _mm512_sub_epi32(*lane, _mm512_slli_epi32::<5>(off));
+                    let li = if TILED { 0 } else { l };
+                    lanes[r][li] = _mm512_sub_epi32(lanes[r][li], _mm512_slli_epi32::<5>(off));
                 }
                 if TILED {
-                    let mut s = lanes[r][0];
-                    for lane in &lanes[r][1..] {
-                        s = _mm512_add_epi32(s, *lane);
-                    }
-                    let res = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
+                    let res = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes[r][0]), dw);
                     acc[r][0] = _mm512_fmadd_ps(res, _mm512_set1_ps(ab.d), acc[r][0]);
                 } else {
                     let d = _mm512_mul_ps(_mm512_set1_ps(ab.d), dw);

@@ -23,6 +23,11 @@ pub(crate) trait Sixteen: Send + Sync + 'static {
     const BLOCK_BYTES: usize;
     /// Whether the layout's kernel follows `path`.
     fn fast(path: Path) -> bool;
+    /// Activation rows per kernel call on `path` (4, 2 or 1): as many as keep the
+    /// kernel's accumulators in registers.
+    fn tile(_path: Path) -> usize {
+        4
+    }
     /// Row `r` of the stored bytes, in ggml's layout.
     fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8>;
     /// `out[r][l] = w_l · a[r]` on `path` (one [`Self::fast`] accepts).
@@ -77,6 +82,14 @@ impl Sixteen for Q6KX16 {
     const BLOCK_BYTES: usize = crate::q6_k_x16::BLOCK_BYTES;
     fn fast(path: Path) -> bool {
         crate::q6_k_x16::fast(path)
+    }
+    fn tile(path: Path) -> usize {
+        // vec_dot keeps sixteen accumulators per activation row.
+        if path == Path::VecDot {
+            1
+        } else {
+            4
+        }
     }
     fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
         crate::q6_k_x16::row_of(packed, nb, r)
@@ -212,7 +225,7 @@ fn group_rows<S: Sixteen>(
     let mut j = js.start;
     macro_rules! tile {
         ($r:literal) => {
-            while js.end - j >= $r {
+            while js.end - j >= $r && S::tile(path) >= $r {
                 let mut o = [[0f32; GROUP]; $r];
                 let rows: [&[_]; $r] = std::array::from_fn(|i| a.row(j + i));
                 // SAFETY: only called for `Isa::Avx512` (F, BW, VL, VNNI, with AVX2, FMA
