@@ -112,7 +112,15 @@ mod tests {
         let before = stats().expect("glibc stats");
         let released = release_free_memory();
         let after = stats().expect("glibc stats");
-        assert!(released, "malloc_trim released nothing: {before:?}");
+        // The 40 MB freed are held by the arenas unless free() already gave them back
+        // (in a heap that earlier tests left with holes, the blocks can end up merged into
+        // the top of the heap, which glibc trims by itself); held, malloc_trim must
+        // release them.
+        let held = before.resident.saturating_sub(before.allocated);
+        assert!(
+            released || held < 20_000_000,
+            "malloc_trim released nothing while the arenas held {held} free bytes: {before:?}"
+        );
         assert_eq!(keep.len(), 200);
         assert!(after.allocated <= before.allocated, "{before:?} {after:?}");
     }
