@@ -102,28 +102,8 @@ pub fn spawn_trimmer() {
 mod tests {
     use super::*;
 
-    #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
-    #[test]
-    fn release_returns_freed_arena_memory() {
-        // Many small blocks, most of them freed: the arenas keep the pages until a trim.
-        let mut blocks: Vec<Vec<u8>> = (0..20_000).map(|i| vec![i as u8; 2000]).collect();
-        let keep: Vec<Vec<u8>> = blocks.iter().step_by(100).cloned().collect();
-        blocks.clear();
-        let before = stats().expect("glibc stats");
-        let released = release_free_memory();
-        let after = stats().expect("glibc stats");
-        // The 40 MB freed are held by the arenas unless free() already gave them back
-        // (in a heap that earlier tests left with holes, the blocks can end up merged into
-        // the top of the heap, which glibc trims by itself); held, malloc_trim must
-        // release them.
-        let held = before.resident.saturating_sub(before.allocated);
-        assert!(
-            released || held < 20_000_000,
-            "malloc_trim released nothing while the arenas held {held} free bytes: {before:?}"
-        );
-        assert_eq!(keep.len(), 200);
-        assert!(after.allocated <= before.allocated, "{before:?} {after:?}");
-    }
+    // release_returns_freed_arena_memory: in daemon/tests/allocator_trim.rs, a process of
+    // its own (other tests' allocations and frees in parallel made it flaky here).
 
     #[test]
     fn stats_name_the_allocator_and_hold_allocated_within_resident() {
