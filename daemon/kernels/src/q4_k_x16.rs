@@ -126,23 +126,28 @@ pub mod x86 {
         out: &mut [[f32; GROUP]; R],
     ) {
         let m4 = _mm512_set1_epi8(0x0f);
+        let mf0 = _mm512_set1_epi8(0xf0u8 as i8);
+        let sixteenth = _mm512_set1_ps(1.0 / 16.0);
         let mut acc = [_mm512_setzero_ps(); R];
         let mut acc_m = [_mm512_setzero_ps(); R];
         for i in 0..nb {
             let blk = w.as_ptr().add(i * BLOCK_BYTES);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(D) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(DMIN) as *const __m256i));
+            let ab: [&Q8KBlock; R] = std::array::from_fn(|r| a[r].get_unchecked(i));
             let mut tsum = [_mm512_setzero_si512(); R];
             let mut msum = [_mm512_setzero_si512(); R];
             for j in 0..4 {
+                // sa: Σ q·a over sub-block 2j; sb16: 16 · Σ q·a over sub-block 2j+1 (the
+                // high nibbles masked in place, not shifted down).
                 let mut sa = [_mm512_setzero_si512(); R];
-                let mut sb = [_mm512_setzero_si512(); R];
+                let mut sb16 = [_mm512_setzero_si512(); R];
                 for c in 0..8 {
                     let wv = _mm512_loadu_si512(blk.add(QS + (j * 8 + c) * 4 * GROUP) as *const _);
                     let lo = _mm512_and_si512(wv, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m4);
+                    let hi = _mm512_and_si512(wv, mf0);
                     for r in 0..R {
-                        let q = a[r].get_unchecked(i).qs.as_ptr();
+                        let q = ab[r].qs.as_ptr();
                         let xa = _mm512_set1_epi32(
                             (q.add(64 * j + 4 * c) as *const i32).read_unaligned(),
                         );
@@ -150,7 +155,7 @@ pub mod x86 {
                             (q.add(64 * j + 32 + 4 * c) as *const i32).read_unaligned(),
                         );
                         sa[r] = _mm512_dpbusd_epi32(sa[r], lo, xa);
-                        sb[r] = _mm512_dpbusd_epi32(sb[r], hi, xb);
+                        sb16[r] = _mm512_dpbusd_epi32(sb16[r], hi, xb);
                     }
                 }
                 let sca = _mm512_cvtepu8_epi32(_mm_loadu_si128(
@@ -162,23 +167,33 @@ pub mod x86 {
                 let mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
                     blk.add(MN + j * 2 * GROUP) as *const __m256i
                 ));
+                let (sca_f, scb_f) = (
+                    _mm512_cvtepi32_ps(sca),
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(scb), sixteenth),
+                );
                 for r in 0..R {
-                    let ab = a[r].get_unchecked(i);
-                    let t = _mm512_add_epi32(
-                        _mm512_mullo_epi32(sa[r], sca),
-                        _mm512_mullo_epi32(sb[r], scb),
-                    );
                     // (B_2j, B_2j+1) as an i16 pair in every lane.
-                    let b = &ab.bsums[4 * j..4 * j + 4];
+                    let b = &ab[r].bsums[4 * j..4 * j + 4];
                     let (b0, b1) = (b[0].wrapping_add(b[1]), b[2].wrapping_add(b[3]));
                     let pair = (b0 as u16 as u32 | ((b1 as u16 as u32) << 16)) as i32;
                     let m = _mm512_madd_epi16(mn, _mm512_set1_epi32(pair));
                     if GEMM {
-                        let da = _mm512_set1_ps(ab.d);
+                        // t_j in floats, exactly: |sa|, |sb16| < 2^20, the scales < 64,
+                        // so both products and their sum are integers below 2^24.
+                        let t = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(sa[r]),
+                            sca_f,
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(sb16[r]), scb_f),
+                        );
+                        let da = _mm512_set1_ps(ab[r].d);
                         let (ds, dm) = (_mm512_mul_ps(dw, da), _mm512_mul_ps(dmin, da));
-                        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ds, acc[r]);
+                        acc[r] = _mm512_fmadd_ps(t, ds, acc[r]);
                         acc_m[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, acc_m[r]);
                     } else {
+                        let t = _mm512_add_epi32(
+                            _mm512_mullo_epi32(sa[r], sca),
+                            _mm512_mullo_epi32(_mm512_srai_epi32::<4>(sb16[r]), scb),
+                        );
                         tsum[r] = _mm512_add_epi32(tsum[r], t);
                         msum[r] = _mm512_add_epi32(msum[r], m);
                     }
@@ -186,7 +201,7 @@ pub mod x86 {
             }
             if !GEMM {
                 for r in 0..R {
-                    let da = _mm512_set1_ps(a[r].get_unchecked(i).d);
+                    let da = _mm512_set1_ps(ab[r].d);
                     let (ds, dm) = (_mm512_mul_ps(dw, da), _mm512_mul_ps(dmin, da));
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tsum[r]), ds, acc[r]);
                     acc_m[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), dm, acc_m[r]);

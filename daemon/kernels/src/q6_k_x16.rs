@@ -18,8 +18,9 @@
 //!
 //! Layout of one block of a group of [`GROUP`] rows ([`BLOCK_BYTES`] bytes, 30 % more
 //! than the sixteen ggml blocks: the values are kept one per byte, so that no shuffle
-//! stands between a load and its `vpdpbusd`): `d[16]` (f16), `sc[16][16]` (`i8`, group,
-//! row), then for each four-value chunk `c < 64` sixty-four bytes: row `r`'s `u` of values
+//! stands between a load and its `vpdpbusd`): `d[16]` (f16), `sc[8][16][2]` (`i8`: scale
+//! pair `p` = groups `2p`, `2p + 1`, row, member — one `i16` pair per row once widened, for
+//! `vpdpwssd` against the pair of activation sums `B_2p`, `B_2p+1`), then for each four-value chunk `c < 64` sixty-four bytes: row `r`'s `u` of values
 //! `4 c .. 4 c + 4`. The ggml rows are recovered exactly ([`row_of`]).
 
 #[cfg(test)]
@@ -38,6 +39,11 @@ const SC: usize = 2 * GROUP;
 const U: usize = SC + 16 * GROUP;
 /// Bytes of one stored block of [`GROUP`] rows.
 pub const BLOCK_BYTES: usize = U + 256 * GROUP;
+
+/// Offset in a stored block of row `l`'s scale of group `g` (values `16 g .. 16 g + 16`).
+const fn sc_at(g: usize, l: usize) -> usize {
+    SC + ((g / 2) * GROUP + l) * 2 + g % 2
+}
 
 /// Value `i`'s six-bit `u` in a ggml block (`dequantize_row_q6_K`'s indexing).
 fn u_of(b: &[u8], i: usize) -> u8 {
@@ -59,7 +65,7 @@ pub fn repack(data: &[u8], n: usize, nb: usize) -> Vec<u8> {
             let dst = &mut out[(g * nb + b) * BLOCK_BYTES..(g * nb + b + 1) * BLOCK_BYTES];
             dst[D + 2 * l..D + 2 * l + 2].copy_from_slice(&src[GGML_D..GGML_D + 2]);
             for s in 0..16 {
-                dst[SC + s * GROUP + l] = src[SCALES + s];
+                dst[sc_at(s, l)] = src[SCALES + s];
             }
             for i in 0..256 {
                 dst[U + (i / 4) * 4 * GROUP + 4 * l + i % 4] = u_of(src, i);
@@ -77,7 +83,7 @@ pub fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
         let src = &packed[(g * nb + b) * BLOCK_BYTES..(g * nb + b + 1) * BLOCK_BYTES];
         dst[GGML_D..GGML_D + 2].copy_from_slice(&src[D + 2 * l..D + 2 * l + 2]);
         for s in 0..16 {
-            dst[SCALES + s] = src[SC + s * GROUP + l];
+            dst[SCALES + s] = src[sc_at(s, l)];
         }
         for i in 0..256 {
             let u = src[U + (i / 4) * 4 * GROUP + 4 * l + i % 4];
@@ -115,38 +121,116 @@ pub mod x86 {
         a: [&[Q8KBlock]; R],
         out: &mut [[f32; GROUP]; R],
     ) {
-        // vec_dot: per row eight float lane accumulators; tiled: one.
+        if TILED {
+            tiled(w, nb, a, out)
+        } else {
+            vec_dot(w, nb, a, out)
+        }
+    }
+
+    /// Scale pair `p` of a stored block: `(sc[2p], sc[2p+1])` as an `i16` pair per row.
+    #[inline(always)]
+    unsafe fn scale_pair(blk: *const u8, p: usize) -> __m512i {
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+            blk.add(SC + p * 2 * GROUP) as *const __m256i
+        ))
+    }
+
+    /// Activation sums `(B_2p, B_2p+1)` as an `i16` pair, in every lane.
+    #[inline(always)]
+    unsafe fn sum_pair(ab: &Q8KBlock, p: usize) -> __m512i {
+        _mm512_set1_epi32((ab.bsums.as_ptr().add(2 * p) as *const i32).read_unaligned())
+    }
+
+    /// Four activation bytes of chunk `c`, in every lane.
+    #[inline(always)]
+    unsafe fn chunk(ab: &Q8KBlock, c: usize) -> __m512i {
+        _mm512_set1_epi32((ab.qs.as_ptr().add(4 * c) as *const i32).read_unaligned())
+    }
+
+    /// The tiled order: only the exact block total matters, so a group's four chunk
+    /// products share one accumulator and one scale multiply, and the offsets
+    /// `32 · Σ_g sc[g] · B_g` take one `vpdpwssd` per scale pair.
+    #[inline(always)]
+    unsafe fn tiled<const R: usize>(
+        w: &[u8],
+        nb: usize,
+        a: [&[Q8KBlock]; R],
+        out: &mut [[f32; GROUP]; R],
+    ) {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for i in 0..nb {
+            let blk = w.as_ptr().add(i * BLOCK_BYTES);
+            let ab: [&Q8KBlock; R] = std::array::from_fn(|r| a[r].get_unchecked(i));
+            let mut tot = [_mm512_setzero_si512(); R];
+            let mut off = [_mm512_setzero_si512(); R];
+            for p in 0..8 {
+                let pair = scale_pair(blk, p);
+                let scales = [
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+                    _mm512_srai_epi32::<16>(pair),
+                ];
+                for (h, s) in scales.iter().enumerate() {
+                    let mut part = [_mm512_setzero_si512(); R];
+                    for c in 8 * p + 4 * h..8 * p + 4 * h + 4 {
+                        let wv = _mm512_loadu_si512(blk.add(U + c * 4 * GROUP) as *const _);
+                        for r in 0..R {
+                            part[r] = _mm512_dpbusd_epi32(part[r], wv, chunk(ab[r], c));
+                        }
+                    }
+                    for r in 0..R {
+                        tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(part[r], *s));
+                    }
+                }
+                for r in 0..R {
+                    off[r] = _mm512_dpwssd_epi32(off[r], pair, sum_pair(ab[r], p));
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(D) as *const __m256i));
+            for r in 0..R {
+                let t = _mm512_sub_epi32(tot[r], _mm512_slli_epi32::<5>(off[r]));
+                let res = _mm512_mul_ps(_mm512_cvtepi32_ps(t), dw);
+                acc[r] = _mm512_fmadd_ps(res, _mm512_set1_ps(ab[r].d), acc[r]);
+            }
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
+        }
+    }
+
+    /// The vec_dot order: eight integer lanes and eight float accumulators per row.
+    #[inline(always)]
+    unsafe fn vec_dot<const R: usize>(
+        w: &[u8],
+        nb: usize,
+        a: [&[Q8KBlock]; R],
+        out: &mut [[f32; GROUP]; R],
+    ) {
         let mut acc = [[_mm512_setzero_ps(); 8]; R];
         for i in 0..nb {
             let blk = w.as_ptr().add(i * BLOCK_BYTES);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(D) as *const __m256i));
-            let sc = |g: usize| {
-                _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(SC + g * GROUP) as *const __m128i))
-            };
             let mut lanes = [[_mm512_setzero_si512(); 8]; R];
             for v in 0..8 {
-                for h in 0..2 {
+                let pair = scale_pair(blk, v);
+                let scales = [
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+                    _mm512_srai_epi32::<16>(pair),
+                ];
+                for (h, s) in scales.iter().enumerate() {
                     // Chunks 8 v + 4 h .. 8 v + 4 h + 4: lanes l = 4 h .. 4 h + 4, scale 2 v + h.
-                    let s = sc(2 * v + h);
                     let mut part = [[_mm512_setzero_si512(); 4]; R];
                     for (q, c) in (8 * v + 4 * h..8 * v + 4 * h + 4).enumerate() {
                         let wv = _mm512_loadu_si512(blk.add(U + c * 4 * GROUP) as *const _);
                         for (r, pr) in part.iter_mut().enumerate() {
-                            let x = (a[r].get_unchecked(i).qs.as_ptr().add(4 * c) as *const i32)
-                                .read_unaligned();
-                            pr[q] = _mm512_dpbusd_epi32(
-                                _mm512_setzero_si512(),
-                                wv,
-                                _mm512_set1_epi32(x),
-                            );
+                            let x = chunk(a[r].get_unchecked(i), c);
+                            pr[q] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, x);
                         }
                     }
                     for (lr, pr) in lanes.iter_mut().zip(&part) {
                         for (q, p) in pr.iter().enumerate() {
-                            // The tiled order needs only the block total (exact): one
-                            // accumulator per row.
-                            let l = if TILED { 0 } else { 4 * h + q };
-                            lr[l] = _mm512_add_epi32(lr[l], _mm512_mullo_epi32(*p, s));
+                            let l = 4 * h + q;
+                            lr[l] = _mm512_add_epi32(lr[l], _mm512_mullo_epi32(*p, *s));
                         }
                     }
                 }
@@ -155,41 +239,26 @@ pub mod x86 {
                 let ab = a[r].get_unchecked(i);
                 // Lane l's offset: 32 · (sc[2l] · B_2l + sc[2l+1] · B_2l+1).
                 for l in 0..8 {
-                    let off = _mm512_add_epi32(
-                        _mm512_mullo_epi32(
-                            sc(2 * l),
-                            _mm512_set1_epi32(i32::from(ab.bsums[2 * l])),
-                        ),
-                        _mm512_mullo_epi32(
-                            sc(2 * l + 1),
-                            _mm512_set1_epi32(i32::from(ab.bsums[2 * l + 1])),
-                        ),
+                    let off = _mm512_dpwssd_epi32(
+                        _mm512_setzero_si512(),
+                        scale_pair(blk, l),
+                        sum_pair(ab, l),
                     );
-                    let li = if TILED { 0 } else { l };
-                    lanes[r][li] = _mm512_sub_epi32(lanes[r][li], _mm512_slli_epi32::<5>(off));
+                    lanes[r][l] = _mm512_sub_epi32(lanes[r][l], _mm512_slli_epi32::<5>(off));
                 }
-                if TILED {
-                    let res = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes[r][0]), dw);
-                    acc[r][0] = _mm512_fmadd_ps(res, _mm512_set1_ps(ab.d), acc[r][0]);
-                } else {
-                    let d = _mm512_mul_ps(_mm512_set1_ps(ab.d), dw);
-                    for (f, lane) in acc[r].iter_mut().zip(&lanes[r]) {
-                        *f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(*lane), *f);
-                    }
+                let d = _mm512_mul_ps(_mm512_set1_ps(ab.d), dw);
+                for (f, lane) in acc[r].iter_mut().zip(&lanes[r]) {
+                    *f = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(*lane), *f);
                 }
             }
         }
         for r in 0..R {
-            let y = if TILED {
-                acc[r][0]
-            } else {
-                // `hsum_float_8`: (l4 + l0, l5 + l1, l6 + l2, l7 + l3), then
-                // (. + l6+l2, . + l7+l3), then the two added.
-                let x = &acc[r];
-                let (a0, a1) = (_mm512_add_ps(x[4], x[0]), _mm512_add_ps(x[5], x[1]));
-                let (a2, a3) = (_mm512_add_ps(x[6], x[2]), _mm512_add_ps(x[7], x[3]));
-                _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3))
-            };
+            // `hsum_float_8`: (l4 + l0, l5 + l1, l6 + l2, l7 + l3), then
+            // (. + l6+l2, . + l7+l3), then the two added.
+            let x = &acc[r];
+            let (a0, a1) = (_mm512_add_ps(x[4], x[0]), _mm512_add_ps(x[5], x[1]));
+            let (a2, a3) = (_mm512_add_ps(x[6], x[2]), _mm512_add_ps(x[7], x[3]));
+            let y = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
             _mm512_storeu_ps(out[r].as_mut_ptr(), y);
         }
     }
@@ -203,7 +272,7 @@ fn lane_dot(w: &[u8], nb: usize, row: usize, a: &[Q8KBlock], tiled: bool) -> f32
     for (i, ab) in a.iter().enumerate().take(nb) {
         let base = i * BLOCK_BYTES;
         let dw = crate::half::le_f16(w, base + D + 2 * row);
-        let sc = |g: usize| i32::from(w[base + SC + g * GROUP + row] as i8);
+        let sc = |g: usize| i32::from(w[base + sc_at(g, row)] as i8);
         let mut lanes = [0i32; 8];
         for (l, lane) in lanes.iter_mut().enumerate() {
             for v in 0..8 {
