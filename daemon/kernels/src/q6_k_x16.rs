@@ -238,13 +238,13 @@ pub mod x86 {
             for r in 0..R {
                 let ab = a[r].get_unchecked(i);
                 // Lane l's offset: 32 · (sc[2l] · B_2l + sc[2l+1] · B_2l+1).
-                for l in 0..8 {
+                for (l, lane) in lanes[r].iter_mut().enumerate() {
                     let off = _mm512_dpwssd_epi32(
                         _mm512_setzero_si512(),
                         scale_pair(blk, l),
                         sum_pair(ab, l),
                     );
-                    lanes[r][l] = _mm512_sub_epi32(lanes[r][l], _mm512_slli_epi32::<5>(off));
+                    *lane = _mm512_sub_epi32(*lane, _mm512_slli_epi32::<5>(off));
                 }
                 let d = _mm512_mul_ps(_mm512_set1_ps(ab.d), dw);
                 for (f, lane) in acc[r].iter_mut().zip(&lanes[r]) {
