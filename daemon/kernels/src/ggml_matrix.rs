@@ -116,29 +116,40 @@ impl GgmlMatrix {
             let g = self.m.interleave().max(1);
             n.div_ceil(threads * 8).max(1).div_ceil(g) * g
         };
-        // Each task computes its weight rows for every activation row into its thread's
-        // scratch (weight-row major, the kernels' layout) and writes them into its
-        // columns of the row-major output: no zeroed buffer, no separate transpose.
+        // Each task writes its columns of the row-major output: straight from the kernel
+        // where it has a row-major form, else computed into its thread's scratch
+        // (weight-row major, the kernels' layout) and transposed in: no zeroed buffer.
         let mut out: Vec<std::mem::MaybeUninit<f32>> = Vec::with_capacity(n * rows);
         // SAFETY: `MaybeUninit` needs no initialisation; every element is written below
         // before `out` is read (or `out` is dropped unread on an error).
         unsafe { out.set_len(n * rows) };
         let failed = Mutex::new(None);
         team::for_each_column_block(&mut out, n, per_task, |cols, block| {
-            SCRATCH.with_borrow_mut(|buf| {
-                buf.resize(cols.len() * rows, 0.0);
-                match self
-                    .m
-                    .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
-                {
-                    Ok(()) => transpose_into(buf, rows, cols.len(), block),
-                    Err(e) => {
-                        if let Ok(mut f) = failed.lock() {
-                            f.get_or_insert(e);
-                        }
-                    }
+            let mut put = |j: usize, f: usize, values: &[f32]| {
+                let dst = &mut block.row_mut(j)[f - cols.start..f - cols.start + values.len()];
+                for (d, &v) in dst.iter_mut().zip(values) {
+                    *d = std::mem::MaybeUninit::new(v);
                 }
-            });
+            };
+            let done = self
+                .m
+                .matmul_range_rows(isa, &act, cols.clone(), &paths, &mut put)
+                .and_then(|done| {
+                    if done {
+                        return Ok(());
+                    }
+                    SCRATCH.with_borrow_mut(|buf| {
+                        buf.resize(cols.len() * rows, 0.0);
+                        self.m
+                            .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
+                            .map(|()| transpose_into(buf, rows, cols.len(), block))
+                    })
+                });
+            if let Err(e) = done {
+                if let Ok(mut f) = failed.lock() {
+                    f.get_or_insert(e);
+                }
+            }
         });
         if let Some(e) = failed.into_inner().ok().flatten() {
             return Err(candle_core::Error::wrap(e));

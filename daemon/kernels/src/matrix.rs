@@ -93,6 +93,26 @@ pub trait Kernel: Send + Sync {
         paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError>;
+    /// [`Self::matmul_range`] written row-major, as products are formed: `put(j, f,
+    /// values)` receives activation row `j`'s outputs for weight rows `f .. f +
+    /// values.len()`, every pair of `features` × rows exactly once. `Ok(false)` (nothing
+    /// written) where the kernel has no such form for this instruction set and these
+    /// paths; the caller then takes [`Self::matmul_range`] and transposes.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_range_rows(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        group: Interleave,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        put: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<bool, KernelError> {
+        let _ = (isa, w, row_bytes, group, act, features, paths, put);
+        Ok(false)
+    }
     /// ggml's dequantization of one row.
     fn dequantize_row(&self, row: &[u8], out: &mut [f32]);
     /// Row `r` of the stored bytes `data`, in ggml's layout (`row_bytes` bytes).
@@ -476,6 +496,37 @@ impl QuantMatrix {
             features,
             paths,
             out,
+        )
+    }
+
+    /// [`Kernel::matmul_range_rows`] of this matrix: `Ok(false)`, nothing written, where
+    /// its kernel has no row-major form for `isa` and `paths`.
+    ///
+    /// # Errors
+    /// As [`Self::matmul_range_paths`].
+    pub fn matmul_range_rows(
+        &self,
+        isa: Isa,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        put: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<bool, KernelError> {
+        if features.end > self.n {
+            return Err(KernelError::Activations(format!(
+                "features {features:?} beyond {} rows",
+                self.n
+            )));
+        }
+        self.kernel.matmul_range_rows(
+            isa,
+            &self.data,
+            self.row_bytes,
+            self.group,
+            act,
+            features,
+            paths,
+            put,
         )
     }
 

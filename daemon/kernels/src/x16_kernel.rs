@@ -147,27 +147,14 @@ impl<S: Sixteen> Kernel for X16<S> {
         paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        let AnyActivations::Q8K(a) = act else {
-            return Err(KernelError::Activations(
-                "q4_K weights need q8_K activations".into(),
-            ));
+        let Some((a, nb)) = checked::<S>(w, row_bytes, act, &features, paths)? else {
+            return Ok(());
         };
         let rows = a.rows();
-        let nb = row_bytes / S::Q::BLOCK_BYTES;
-        if rows == 0 || features.is_empty() {
-            return Ok(());
-        }
-        if out.len() != rows * features.len()
-            || features.end.div_ceil(GROUP) * nb * S::BLOCK_BYTES > w.len()
-            || a.k() != nb * S::Q::BLOCK_VALUES
-            || (!paths.is_empty() && paths.len() != rows)
-        {
+        if out.len() != rows * features.len() {
             return Err(KernelError::Activations(format!(
-                "{} outputs, {} paths and rows of {} values for {rows} rows × features {features:?} of rows of {nb} {} blocks",
-                out.len(),
-                paths.len(),
-                a.k(),
-                S::Q::TYPE.name()
+                "{} outputs for {rows} rows × features {features:?}",
+                out.len()
             )));
         }
         let path = |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
@@ -203,6 +190,49 @@ impl<S: Sixteen> Kernel for X16<S> {
         Ok(())
     }
 
+    fn matmul_range_rows(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        _group: Interleave,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        put: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<bool, KernelError> {
+        let all_fast = if paths.is_empty() {
+            S::fast(Path::VecDot)
+        } else {
+            paths.iter().all(|&p| S::fast(p))
+        };
+        if isa != Isa::Avx512 || !all_fast {
+            return Ok(false);
+        }
+        let Some((a, nb)) = checked::<S>(w, row_bytes, act, &features, paths)? else {
+            return Ok(true);
+        };
+        let rows = a.rows();
+        let path = |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
+        for g in features.start / GROUP..features.end.div_ceil(GROUP) {
+            let wg = &w[g * nb * S::BLOCK_BYTES..(g + 1) * nb * S::BLOCK_BYTES];
+            // This group's weight rows within `features`, as lanes.
+            let r0 = (g * GROUP).max(features.start);
+            let lanes = r0 - g * GROUP..((g + 1) * GROUP).min(features.end) - g * GROUP;
+            let mut j = 0;
+            while j < rows {
+                let p = path(j);
+                let mut e = j + 1;
+                while e < rows && path(e) == p {
+                    e += 1;
+                }
+                group_rows::<S>(wg, nb, a, j..e, p, |jj, out| put(jj, r0, &out[lanes.clone()]));
+                j = e;
+            }
+        }
+        Ok(true)
+    }
+
     fn dequantize_row(&self, row: &[u8], out: &mut [f32]) {
         kernel_for(S::Q::TYPE).dequantize_row(row, out);
     }
@@ -210,6 +240,40 @@ impl<S: Sixteen> Kernel for X16<S> {
     fn stored_row(&self, data: &[u8], row_bytes: usize, _group: Interleave, r: usize) -> Vec<u8> {
         S::row_of(data, row_bytes / S::Q::BLOCK_BYTES, r)
     }
+}
+
+/// The Q8_K activations and blocks per row of a product of `features`, checked against
+/// the stored bytes and `paths`; `None` when there is nothing to compute.
+fn checked<'a, S: Sixteen>(
+    w: &[u8],
+    row_bytes: usize,
+    act: &'a AnyActivations,
+    features: &Range<usize>,
+    paths: &[Path],
+) -> Result<Option<(&'a Activations<Q8K>, usize)>, KernelError> {
+    let AnyActivations::Q8K(a) = act else {
+        return Err(KernelError::Activations(format!(
+            "{} weights need q8_K activations",
+            S::Q::TYPE.name()
+        )));
+    };
+    let rows = a.rows();
+    let nb = row_bytes / S::Q::BLOCK_BYTES;
+    if rows == 0 || features.is_empty() {
+        return Ok(None);
+    }
+    if features.end.div_ceil(GROUP) * nb * S::BLOCK_BYTES > w.len()
+        || a.k() != nb * S::Q::BLOCK_VALUES
+        || (!paths.is_empty() && paths.len() != rows)
+    {
+        return Err(KernelError::Activations(format!(
+            "{} paths and rows of {} values for {rows} rows × features {features:?} of rows of {nb} {} blocks",
+            paths.len(),
+            a.k(),
+            S::Q::TYPE.name()
+        )));
+    }
+    Ok(Some((a, nb)))
 }
 
 /// The sixteen lanes of group `wg` for activation rows `js`, in tiles of 4, 2 and 1
@@ -284,6 +348,7 @@ mod tests {
                 mixed.clone(),
                 all.clone(),
                 vec![Path::Tiled; rows],
+                vec![Path::Gemm; rows],
                 Vec::new(),
             ] {
                 let a = plain.quantize_for(&xs, rows, &paths).expect("act");
@@ -300,6 +365,35 @@ mod tests {
                         bits(&v),
                         "{ty:?} {isa:?} features {f:?} paths {paths:?}"
                     );
+                    // The row-major form, where the kernel has one: the same bits, each
+                    // output written once.
+                    let mut w = vec![f32::NAN; rows * f.len()];
+                    let mut writes = 0;
+                    let done = fast
+                        .matmul_range_rows(isa, &a, f.clone(), &paths, &mut |j, r, vals| {
+                            for (i, &x) in vals.iter().enumerate() {
+                                let at = (r + i - f.start) * rows + j;
+                                assert!(w[at].is_nan(), "output {at} written twice");
+                                w[at] = x;
+                                writes += 1;
+                            }
+                        })
+                        .expect("rows");
+                    let fast_paths = if ty == GgmlType::Q4K {
+                        [Path::Gemm, Path::Gemv].as_slice()
+                    } else {
+                        [Path::VecDot, Path::Tiled].as_slice()
+                    };
+                    let all_fast = if paths.is_empty() {
+                        fast_paths.contains(&Path::VecDot)
+                    } else {
+                        paths.iter().all(|p| fast_paths.contains(p))
+                    };
+                    assert_eq!(done, isa == Isa::Avx512 && all_fast, "{ty:?} {paths:?}");
+                    if done {
+                        assert_eq!(writes, rows * f.len());
+                        assert_eq!(bits(&u), bits(&w), "{ty:?} rows {f:?} {paths:?}");
+                    }
                 }
             }
             let ids = [0u32, 15, 16, 39];
