@@ -178,6 +178,8 @@ fn bench(policy: MatrixPolicy, name: &'static str) -> Row {
 }
 
 fn main() {
+    // As the daemon does at start (src/main.rs).
+    inferd::allocator::keep_freed_buffers();
     let threads = inferd::app::set_compute_threads(
         std::env::var("INFERD_BENCH_THREADS")
             .ok()

@@ -10,7 +10,8 @@
 //! `INFERD_TIMING_JSON` (default `$TMPDIR/inferd-kernels-timing.json`). With
 //! `INFERD_TIMING_BASELINE` naming such a file from an earlier run, a column gives the
 //! speed-up against it. `INFERD_TIMING_TYPES=q5_0,q4_K` limits the types,
-//! `INFERD_TIMING_ROWS=1,16` the activation row counts.
+//! `INFERD_TIMING_ROWS=1,16` the activation row counts, `INFERD_TIMING_SHAPES=8960x1536`
+//! the `n`x`k` shapes.
 //!
 //! To keep runs short, the weights are a few quantized rows repeated to the full shape,
 //! activations are quantized once outside the timed loop, and products with many rows
@@ -95,6 +96,17 @@ fn timing() {
         .ok()
         .map(|s| s.split(',').filter_map(|r| r.trim().parse().ok()).collect())
         .unwrap_or_else(|| ROWS.to_vec());
+    let shapes: Vec<(usize, usize)> = std::env::var("INFERD_TIMING_SHAPES")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|nk| {
+                    let (n, k) = nk.trim().split_once('x')?;
+                    Some((n.parse().ok()?, k.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| SHAPES.to_vec());
     let mut json = String::new();
     println!("isa {}, one thread", isa.name());
     println!(
@@ -108,7 +120,7 @@ fn timing() {
         {
             continue;
         }
-        for (n, k) in SHAPES {
+        for &(n, k) in &shapes {
             // K-quant rows are whole 256-value blocks: 576 and 640 become 512.
             let k = k / ty.block().0 * ty.block().0;
             // 64 distinct quantized rows, repeated to `n` rows.
@@ -119,7 +131,9 @@ fn timing() {
                 .cycle()
                 .take(n * ty.row_bytes(k))
                 .collect();
-            let m = QuantMatrix::new(ty, data, n, k).expect("matrix");
+            // The layout the daemon stores for this instruction set (sixteen-row K-quants on
+            // AVX-512).
+            let m = QuantMatrix::for_isa(isa, ty, data, n, k).expect("matrix");
             for &rows in &row_counts {
                 let paths = if by_path {
                     let batch: Vec<BatchRow> = (0..rows as u32)
