@@ -19,7 +19,10 @@ fn thread_minor_faults() -> i64 {
 #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
 #[test]
 fn freed_large_buffers_are_reused_without_page_faults() {
-    assert!(inferd::allocator::keep_freed_buffers(), "glibc refused the settings");
+    assert!(
+        inferd::allocator::keep_freed_buffers(),
+        "glibc refused the settings"
+    );
     const LEN: usize = 48 << 20;
     let touch = |v: &mut Vec<u8>| {
         for i in (0..LEN).step_by(4096) {
@@ -37,5 +40,9 @@ fn freed_large_buffers_are_reused_without_page_faults() {
     touch(&mut second);
     let faults = thread_minor_faults() - before;
     std::hint::black_box(&second);
-    assert!(faults < 1000, "{faults} page faults for {} pages", LEN / 4096);
+    assert!(
+        faults < 1000,
+        "{faults} page faults for {} pages",
+        LEN / 4096
+    );
 }

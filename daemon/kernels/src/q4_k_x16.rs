@@ -34,7 +34,6 @@
 #[cfg(test)]
 use crate::act::Q8KBlock;
 use crate::lanes::k4_scales_mins;
-#[cfg(test)]
 use crate::Path;
 
 /// Weight rows per repacked group (the sixteen 32-bit lanes of a 512-bit register).
@@ -103,6 +102,17 @@ pub fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Whether `path` runs on the sixteen-lane kernel (the other paths read the ggml rows
+/// back).
+pub fn fast(path: Path) -> bool {
+    matches!(path, Path::Gemm | Path::Gemv)
+}
+
+/// Activation rows per kernel call on `path`: four rows' accumulators fill the registers.
+pub fn tile(_path: Path) -> usize {
+    4
 }
 
 /// The gemm (`GEMM = true`) or gemv float order of the module documentation.
@@ -319,41 +329,22 @@ mod tests {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if Isa::detect() == Isa::Avx512 {
-                let got = |r0: usize| -> Vec<[f32; GROUP]> {
-                    let mut o = [[0f32; GROUP]; 3];
-                    // SAFETY: AVX-512 VNNI detected; sizes as the kernel needs.
-                    unsafe {
-                        if path == Path::Gemm {
-                            x86::group_dots::<3, true>(
-                                &packed,
-                                nb,
-                                [a.row(r0), a.row(r0 + 1), a.row(r0 + 2)],
-                                &mut o,
-                            )
-                        } else {
-                            x86::group_dots::<3, false>(
-                                &packed,
-                                nb,
-                                [a.row(r0), a.row(r0 + 1), a.row(r0 + 2)],
-                                &mut o,
-                            )
-                        }
-                    }
-                    o.to_vec()
+            {
+                let kernel: crate::testing::SixteenKernel = if path == Path::Gemm {
+                    x86::group_dots::<3, true>
+                } else {
+                    x86::group_dots::<3, false>
                 };
-                let o = got(2);
-                for (r, lanes) in o.iter().enumerate() {
-                    for (l, v) in lanes.iter().enumerate() {
-                        let want = lane_dot(&packed, nb, l, a.row(2 + r), path);
-                        assert_eq!(
-                            v.to_bits(),
-                            want.to_bits(),
-                            "{path:?} avx512 row {l} act {}",
-                            2 + r
-                        );
-                    }
-                }
+                let want = |l: usize, row: &[Q8KBlock]| lane_dot(&packed, nb, l, row, path);
+                crate::testing::check_sixteen_lanes(
+                    kernel,
+                    &packed,
+                    nb,
+                    &a,
+                    2,
+                    want,
+                    &format!("{path:?}"),
+                );
             }
         }
     }

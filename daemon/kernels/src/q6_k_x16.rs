@@ -101,6 +101,16 @@ pub fn fast(path: Path) -> bool {
     matches!(path, Path::VecDot | Path::Tiled)
 }
 
+/// Activation rows per kernel call on `path`: vec_dot keeps eight lane accumulators per
+/// row (four rows spill them), the tiled order one.
+pub fn tile(path: Path) -> usize {
+    if path == Path::VecDot {
+        1
+    } else {
+        4
+    }
+}
+
 /// The vec_dot (`TILED = false`) and tiled float orders of the module documentation.
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
@@ -359,28 +369,22 @@ mod tests {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if Isa::detect() == Isa::Avx512 {
-                let mut o = [[0f32; GROUP]; 3];
-                let rows = [a.row(1), a.row(2), a.row(3)];
-                // SAFETY: AVX-512 VNNI detected; sizes as the kernel needs.
-                unsafe {
-                    if tiled {
-                        x86::group_dots::<3, true>(&packed, nb, rows, &mut o)
-                    } else {
-                        x86::group_dots::<3, false>(&packed, nb, rows, &mut o)
-                    }
-                }
-                for (r, lanes) in o.iter().enumerate() {
-                    for (l, v) in lanes.iter().enumerate() {
-                        let want = lane_dot(&packed, nb, l, a.row(1 + r), tiled);
-                        assert_eq!(
-                            v.to_bits(),
-                            want.to_bits(),
-                            "{path:?} avx512 row {l} act {}",
-                            1 + r
-                        );
-                    }
-                }
+            {
+                let kernel: crate::testing::SixteenKernel = if tiled {
+                    x86::group_dots::<3, true>
+                } else {
+                    x86::group_dots::<3, false>
+                };
+                let want = |l: usize, row: &[Q8KBlock]| lane_dot(&packed, nb, l, row, tiled);
+                crate::testing::check_sixteen_lanes(
+                    kernel,
+                    &packed,
+                    nb,
+                    &a,
+                    1,
+                    want,
+                    &format!("{path:?}"),
+                );
             }
         }
     }

@@ -376,3 +376,48 @@ pub fn golden_legacy(n: usize, with_m: bool, with_qh: bool) -> Vec<u8> {
     }
     out
 }
+
+/// A sixteen-row layout's AVX-512 kernel on three activation rows
+/// ([`crate::q4_k_x16::x86::group_dots`], [`crate::q6_k_x16::x86::group_dots`]).
+#[cfg(target_arch = "x86_64")]
+pub type SixteenKernel = unsafe fn(&[u8], usize, [&[crate::act::Q8KBlock]; 3], &mut [[f32; 16]; 3]);
+
+/// Where the CPU has AVX-512 VNNI: `kernel` on the stored group `packed` (`nb` blocks)
+/// and activation rows `r0 .. r0 + 3` gives, lane `l` of row `r`, the bits of `want(l,
+/// row r)` (the layout's portable lane statement).
+#[cfg(target_arch = "x86_64")]
+pub fn check_sixteen_lanes(
+    kernel: SixteenKernel,
+    packed: &[u8],
+    nb: usize,
+    a: &Activations<crate::act::Q8K>,
+    r0: usize,
+    want: impl Fn(usize, &[crate::act::Q8KBlock]) -> f32,
+    what: &str,
+) {
+    if Isa::detect() != Isa::Avx512 {
+        return;
+    }
+    let mut o = [[0f32; 16]; 3];
+    // SAFETY: AVX-512 VNNI detected; `packed` holds a group of `nb` blocks and every
+    // activation row `nb` blocks (the callers' sizes).
+    unsafe {
+        kernel(
+            packed,
+            nb,
+            [a.row(r0), a.row(r0 + 1), a.row(r0 + 2)],
+            &mut o,
+        )
+    };
+    for (r, lanes) in o.iter().enumerate() {
+        for (l, v) in lanes.iter().enumerate() {
+            let w = want(l, a.row(r0 + r));
+            assert_eq!(
+                v.to_bits(),
+                w.to_bits(),
+                "{what} avx512 row {l} act {}",
+                r0 + r
+            );
+        }
+    }
+}

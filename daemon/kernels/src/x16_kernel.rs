@@ -25,9 +25,7 @@ pub(crate) trait Sixteen: Send + Sync + 'static {
     fn fast(path: Path) -> bool;
     /// Activation rows per kernel call on `path` (4, 2 or 1): as many as keep the
     /// kernel's accumulators in registers.
-    fn tile(_path: Path) -> usize {
-        4
-    }
+    fn tile(path: Path) -> usize;
     /// Row `r` of the stored bytes, in ggml's layout.
     fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8>;
     /// `out[r][l] = w_l · a[r]` on `path` (one [`Self::fast`] accepts).
@@ -44,73 +42,60 @@ pub(crate) trait Sixteen: Send + Sync + 'static {
     );
 }
 
-/// Q4_K in [`crate::q4_k_x16`]'s layout (llama.cpp's gemm and gemv rows).
-pub(crate) struct Q4KX16;
+/// A [`Sixteen`] over the module `$m` (its `BLOCK_BYTES`, `fast`, `tile`, `row_of` and
+/// `x86::group_dots`, whose `true` form serves `$first` and `false` form the other fast
+/// path).
+macro_rules! sixteen {
+    ($(#[$doc:meta])* $name:ident, $q:ty, $m:ident, $first:expr) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
 
-impl Sixteen for Q4KX16 {
-    type Q = crate::q4_k::Q4K;
-    const BLOCK_BYTES: usize = crate::q4_k_x16::BLOCK_BYTES;
-    fn fast(path: Path) -> bool {
-        matches!(path, Path::Gemm | Path::Gemv)
-    }
-    fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
-        crate::q4_k_x16::row_of(packed, nb, r)
-    }
-    unsafe fn dots<const R: usize>(
-        w: &[u8],
-        nb: usize,
-        a: [&[Q8KBlock]; R],
-        path: Path,
-        out: &mut [[f32; GROUP]; R],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        return if path == Path::Gemm {
-            crate::q4_k_x16::x86::group_dots::<R, true>(w, nb, a, out)
-        } else {
-            crate::q4_k_x16::x86::group_dots::<R, false>(w, nb, a, out)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (w, nb, a, path, out);
-    }
-}
-
-/// Q6_K in [`crate::q6_k_x16`]'s layout (llama.cpp's vec_dot and tiled rows).
-pub(crate) struct Q6KX16;
-
-impl Sixteen for Q6KX16 {
-    type Q = crate::q6_k::Q6K;
-    const BLOCK_BYTES: usize = crate::q6_k_x16::BLOCK_BYTES;
-    fn fast(path: Path) -> bool {
-        crate::q6_k_x16::fast(path)
-    }
-    fn tile(path: Path) -> usize {
-        // vec_dot keeps sixteen accumulators per activation row.
-        if path == Path::VecDot {
-            1
-        } else {
-            4
+        impl Sixteen for $name {
+            type Q = $q;
+            const BLOCK_BYTES: usize = crate::$m::BLOCK_BYTES;
+            fn fast(path: Path) -> bool {
+                crate::$m::fast(path)
+            }
+            fn tile(path: Path) -> usize {
+                crate::$m::tile(path)
+            }
+            fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
+                crate::$m::row_of(packed, nb, r)
+            }
+            unsafe fn dots<const R: usize>(
+                w: &[u8],
+                nb: usize,
+                a: [&[Q8KBlock]; R],
+                path: Path,
+                out: &mut [[f32; GROUP]; R],
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                return if path == $first {
+                    crate::$m::x86::group_dots::<R, true>(w, nb, a, out)
+                } else {
+                    crate::$m::x86::group_dots::<R, false>(w, nb, a, out)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (w, nb, a, path, out);
+            }
         }
-    }
-    fn row_of(packed: &[u8], nb: usize, r: usize) -> Vec<u8> {
-        crate::q6_k_x16::row_of(packed, nb, r)
-    }
-    unsafe fn dots<const R: usize>(
-        w: &[u8],
-        nb: usize,
-        a: [&[Q8KBlock]; R],
-        path: Path,
-        out: &mut [[f32; GROUP]; R],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        return if path == Path::Tiled {
-            crate::q6_k_x16::x86::group_dots::<R, true>(w, nb, a, out)
-        } else {
-            crate::q6_k_x16::x86::group_dots::<R, false>(w, nb, a, out)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (w, nb, a, path, out);
-    }
+    };
 }
+
+sixteen!(
+    /// Q4_K in [`crate::q4_k_x16`]'s layout (llama.cpp's gemm and gemv rows).
+    Q4KX16,
+    crate::q4_k::Q4K,
+    q4_k_x16,
+    Path::Gemm
+);
+sixteen!(
+    /// Q6_K in [`crate::q6_k_x16`]'s layout (llama.cpp's tiled and vec_dot rows).
+    Q6KX16,
+    crate::q6_k::Q6K,
+    q6_k_x16,
+    Path::Tiled
+);
 
 /// [`Kernel`] of a sixteen-row layout.
 pub(crate) struct X16<S>(PhantomData<fn() -> S>);
@@ -226,7 +211,9 @@ impl<S: Sixteen> Kernel for X16<S> {
                 while e < rows && path(e) == p {
                     e += 1;
                 }
-                group_rows::<S>(wg, nb, a, j..e, p, |jj, out| put(jj, r0, &out[lanes.clone()]));
+                group_rows::<S>(wg, nb, a, j..e, p, |jj, out| {
+                    put(jj, r0, &out[lanes.clone()])
+                });
                 j = e;
             }
         }
