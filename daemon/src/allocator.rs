@@ -87,8 +87,9 @@ pub fn release_free_memory() -> bool {
 /// and `mallopt(M_TRIM_THRESHOLD, 1 GiB)` (mallopt(3); glibc otherwise raises the mmap
 /// threshold only up to 32 MiB, and trims a heap's top beyond twice it). On the 1.5B
 /// model's 512-token prefill this cut page faults ninefold and prefill time by about a
-/// tenth (docs/performance.md). What stays free is handed back by the trim thread
-/// ([`spawn_trimmer`]), so an idle daemon still shrinks. Returns whether glibc took both
+/// tenth (docs/performance.md). The daemon sets it once the model is loaded (set
+/// before, the loader's freed temporaries stayed resident). What stays free is handed
+/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks. Returns whether glibc took both
 /// settings; does nothing (false) with jemalloc or another C library.
 pub fn keep_freed_buffers() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]

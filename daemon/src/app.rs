@@ -582,6 +582,14 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
                 _ = hup.recv() => tracing::warn!("SIGHUP while loading: ignored (reload once ready)"),
             }
         };
+        // Loading's temporaries (tensor bytes read, then repacked) are freed now: hand
+        // them back, then keep the forward passes' buffers (allocator::keep_freed_buffers;
+        // set before loading, it kept the loader's freed pages resident: Gemma 3 270M's
+        // peak RSS 575 -> 731 MiB).
+        crate::allocator::release_free_memory();
+        if !crate::allocator::keep_freed_buffers() {
+            tracing::debug!("the allocator keeps its own buffer policy");
+        }
         let running = start_actors(loaded, &settings);
         state.set_engine(running.engine.clone());
         tracing::info!(addr = %local, "serving on http://{local} (WebSocket ws://{local}/v1/ws)");

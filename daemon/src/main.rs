@@ -63,9 +63,6 @@ fn main() -> ExitCode {
                 eprintln!("inferd: configuration error: {e}");
                 return ExitCode::from(2);
             }
-            if !inferd::allocator::keep_freed_buffers() {
-                tracing::debug!("the allocator keeps its own buffer policy");
-            }
             inferd::allocator::spawn_trimmer();
             match inferd::app::run(settings, source) {
                 Ok(()) => ExitCode::SUCCESS,
