@@ -11,7 +11,8 @@
 //! `INFERD_TIMING_BASELINE` naming such a file from an earlier run, a column gives the
 //! speed-up against it. `INFERD_TIMING_TYPES=q5_0,q4_K` limits the types,
 //! `INFERD_TIMING_ROWS=1,16` the activation row counts, `INFERD_TIMING_SHAPES=8960x1536`
-//! the `n`x`k` shapes.
+//! the `n`x`k` shapes; `INFERD_TIMING_PLAIN=1` times ggml's row layout where the daemon
+//! would store another.
 //!
 //! To keep runs short, the weights are a few quantized rows repeated to the full shape,
 //! activations are quantized once outside the timed loop, and products with many rows
@@ -133,7 +134,12 @@ fn timing() {
                 .collect();
             // The layout the daemon stores for this instruction set (sixteen-row K-quants on
             // AVX-512).
-            let m = QuantMatrix::for_isa(isa, ty, data, n, k).expect("matrix");
+            let m = if std::env::var_os("INFERD_TIMING_PLAIN").is_some() {
+                QuantMatrix::new(ty, data, n, k)
+            } else {
+                QuantMatrix::for_isa(isa, ty, data, n, k)
+            }
+            .expect("matrix");
             for &rows in &row_counts {
                 let paths = if by_path {
                     let batch: Vec<BatchRow> = (0..rows as u32)
