@@ -34,12 +34,13 @@ fn freed_large_buffers_are_reused_without_page_faults() {
     touch(&mut first);
     drop(std::hint::black_box(first));
     let before = thread_minor_faults();
-    let mut second: Vec<u8> = Vec::with_capacity(LEN);
-    let p = second.as_mut_ptr();
+    let mut second: Vec<std::mem::MaybeUninit<u8>> = Vec::with_capacity(LEN);
+    // SAFETY: `MaybeUninit` needs no initialisation.
+    unsafe { second.set_len(LEN) };
+    // Escaped before the writes, so that they stay between the two fault readings.
+    let mut second = std::hint::black_box(second);
     for i in (0..LEN).step_by(4096) {
-        // SAFETY: `i` is inside the reserved capacity; writing a byte there touches its
-        // page (the vector's length stays 0, so nothing uninitialised is ever read).
-        unsafe { p.add(i).write(i as u8) };
+        second[i] = std::mem::MaybeUninit::new(i as u8);
     }
     let faults = thread_minor_faults() - before;
     std::hint::black_box(&second);
