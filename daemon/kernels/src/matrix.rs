@@ -481,12 +481,7 @@ impl QuantMatrix {
         paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError> {
-        if features.end > self.n {
-            return Err(KernelError::Activations(format!(
-                "features {features:?} beyond {} rows",
-                self.n
-            )));
-        }
+        self.check_features(&features)?;
         self.kernel.matmul_range(
             isa,
             &self.data,
@@ -497,6 +492,17 @@ impl QuantMatrix {
             paths,
             out,
         )
+    }
+
+    /// An error naming `features` where it reaches past the matrix's rows.
+    fn check_features(&self, features: &Range<usize>) -> Result<(), KernelError> {
+        if features.end > self.n {
+            return Err(KernelError::Activations(format!(
+                "features {features:?} beyond {} rows",
+                self.n
+            )));
+        }
+        Ok(())
     }
 
     /// [`Kernel::matmul_range_rows`] of this matrix: `Ok(false)`, nothing written, where
@@ -512,12 +518,7 @@ impl QuantMatrix {
         paths: &[Path],
         put: &mut dyn FnMut(usize, usize, &[f32]),
     ) -> Result<bool, KernelError> {
-        if features.end > self.n {
-            return Err(KernelError::Activations(format!(
-                "features {features:?} beyond {} rows",
-                self.n
-            )));
-        }
+        self.check_features(&features)?;
         self.kernel.matmul_range_rows(
             isa,
             &self.data,

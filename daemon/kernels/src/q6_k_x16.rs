@@ -146,6 +146,15 @@ pub mod x86 {
         ))
     }
 
+    /// The two members of an `i16` scale pair per row, each widened to `i32`.
+    #[inline(always)]
+    unsafe fn pair_members(pair: __m512i) -> [__m512i; 2] {
+        [
+            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
+            _mm512_srai_epi32::<16>(pair),
+        ]
+    }
+
     /// Activation sums `(B_2p, B_2p+1)` as an `i16` pair, in every lane.
     #[inline(always)]
     unsafe fn sum_pair(ab: &Q8KBlock, p: usize) -> __m512i {
@@ -176,10 +185,7 @@ pub mod x86 {
             let mut off = [_mm512_setzero_si512(); R];
             for p in 0..8 {
                 let pair = scale_pair(blk, p);
-                let scales = [
-                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
-                    _mm512_srai_epi32::<16>(pair),
-                ];
+                let scales = pair_members(pair);
                 for (h, s) in scales.iter().enumerate() {
                     let mut part = [_mm512_setzero_si512(); R];
                     for c in 8 * p + 4 * h..8 * p + 4 * h + 4 {
@@ -223,10 +229,7 @@ pub mod x86 {
             let mut lanes = [[_mm512_setzero_si512(); 8]; R];
             for v in 0..8 {
                 let pair = scale_pair(blk, v);
-                let scales = [
-                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair)),
-                    _mm512_srai_epi32::<16>(pair),
-                ];
+                let scales = pair_members(pair);
                 for (h, s) in scales.iter().enumerate() {
                     // Chunks 8 v + 4 h .. 8 v + 4 h + 4: lanes l = 4 h .. 4 h + 4, scale 2 v + h.
                     let mut part = [[_mm512_setzero_si512(); 4]; R];

@@ -142,20 +142,14 @@ impl<S: Sixteen> Kernel for X16<S> {
                 out.len()
             )));
         }
-        let path = |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
         let fast = |p: Path| isa == Isa::Avx512 && S::fast(p);
         for g in features.start / GROUP..features.end.div_ceil(GROUP) {
             let wg = &w[g * nb * S::BLOCK_BYTES..(g + 1) * nb * S::BLOCK_BYTES];
             // This group's weight rows within `features`.
             let r0 = (g * GROUP).max(features.start);
             let r1 = ((g + 1) * GROUP).min(features.end);
-            let mut j = 0;
-            while j < rows {
-                let p = path(j);
-                let mut e = j + 1;
-                while e < rows && path(e) == p {
-                    e += 1;
-                }
+            for (js, p) in path_runs(paths, rows) {
+                let (j, e) = (js.start, js.end);
                 if fast(p) {
                     group_rows::<S>(wg, nb, a, j..e, p, |jj, lanes| {
                         for r in r0..r1 {
@@ -169,7 +163,6 @@ impl<S: Sixteen> Kernel for X16<S> {
                         S::Q::path_rows(isa, p, &row, a, j..e, &mut out[o + j..o + e]);
                     }
                 }
-                j = e;
             }
         }
         Ok(())
@@ -198,23 +191,13 @@ impl<S: Sixteen> Kernel for X16<S> {
             return Ok(true);
         };
         let rows = a.rows();
-        let path = |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
         for g in features.start / GROUP..features.end.div_ceil(GROUP) {
             let wg = &w[g * nb * S::BLOCK_BYTES..(g + 1) * nb * S::BLOCK_BYTES];
             // This group's weight rows within `features`, as lanes.
             let r0 = (g * GROUP).max(features.start);
             let lanes = r0 - g * GROUP..((g + 1) * GROUP).min(features.end) - g * GROUP;
-            let mut j = 0;
-            while j < rows {
-                let p = path(j);
-                let mut e = j + 1;
-                while e < rows && path(e) == p {
-                    e += 1;
-                }
-                group_rows::<S>(wg, nb, a, j..e, p, |jj, out| {
-                    put(jj, r0, &out[lanes.clone()])
-                });
-                j = e;
+            for (js, p) in path_runs(paths, rows) {
+                group_rows::<S>(wg, nb, a, js, p, |jj, out| put(jj, r0, &out[lanes.clone()]));
             }
         }
         Ok(true)
@@ -227,6 +210,23 @@ impl<S: Sixteen> Kernel for X16<S> {
     fn stored_row(&self, data: &[u8], row_bytes: usize, _group: Interleave, r: usize) -> Vec<u8> {
         S::row_of(data, row_bytes / S::Q::BLOCK_BYTES, r)
     }
+}
+
+/// The runs of consecutive activation rows (of `rows`) that share a path, in order
+/// (every row [`Path::VecDot`] when `paths` is empty).
+fn path_runs(paths: &[Path], rows: usize) -> impl Iterator<Item = (Range<usize>, Path)> + '_ {
+    let path = move |j: usize| paths.get(j).copied().unwrap_or(Path::VecDot);
+    let mut j = 0;
+    std::iter::from_fn(move || {
+        if j >= rows {
+            return None;
+        }
+        let (start, p) = (j, path(j));
+        while j < rows && path(j) == p {
+            j += 1;
+        }
+        Some((start..j, p))
+    })
 }
 
 /// The Q8_K activations and blocks per row of a product of `features`, checked against
