@@ -40,6 +40,7 @@ use crate::act::{Activations, Q8Block, Q8_0};
 use crate::lanes::x86::{f16_splat8, hsum_float_8};
 use crate::layout::{Interleave, PREFILL_MIN};
 use crate::tiles::x86::LegacyBlock;
+use crate::RowsOut;
 use std::arch::x86_64::*;
 
 /// A signed 32-value block that can be unpacked with a non-negative offset.
@@ -51,6 +52,15 @@ pub trait BiasedBlock: LegacyBlock {
     /// # Safety
     /// AVX-512 F/BW/VL, AVX2 and FMA; `p` readable for `BYTES` bytes.
     unsafe fn biased(p: *const u8) -> __m256i;
+    /// The block's signed values ([`LegacyBlock::values_512`]) in both 256-bit halves.
+    ///
+    /// # Safety
+    /// As [`Self::biased`].
+    #[inline(always)]
+    unsafe fn values_x2(p: *const u8) -> __m512i {
+        let v = Self::values_512(p);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(v), v)
+    }
 }
 
 /// `len` weight rows, from row `first`, of a matrix at `p` with rows of `row_bytes`
@@ -143,10 +153,85 @@ pub unsafe fn block_rows_in<U: BiasedBlock>(
         group: group.max(1),
         block: U::BYTES,
     };
+    let dst = Dst {
+        p: out.as_mut_ptr(),
+        f_stride: stride,
+        j_stride: 1,
+    };
+    tiles_to::<U>(wrows, n, a, rows, dst);
+}
+
+/// [`block_rows_in`] written row-major into `out`, which must hold `features` × `rows`
+/// (checked).
+///
+/// # Safety
+/// As [`block_rows_in`], but `out` in place of the strided slice.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn block_rows_to<U: BiasedBlock>(
+    w: &[u8],
+    row_bytes: usize,
+    group: Interleave,
+    features: Range<usize>,
+    a: &Activations<Q8_0>,
+    rows: Range<usize>,
+    out: &mut RowsOut<'_>,
+) {
+    if features.is_empty() || rows.is_empty() {
+        return;
+    }
+    // Both corners held, so every output between them is.
+    let _ = out.at(rows.end - 1, features.end - 1);
+    let (p, ld) = out.at(rows.start, features.start);
+    let n = (row_bytes / U::BYTES).min(a.k() / 32);
+    let wrows = Rows {
+        p: w.as_ptr(),
+        row_bytes,
+        first: features.start,
+        len: features.len(),
+        group: group.max(1),
+        block: U::BYTES,
+    };
+    let dst = Dst {
+        p,
+        f_stride: 1,
+        j_stride: ld,
+    };
+    tiles_to::<U>(wrows, n, a, rows, dst);
+}
+
+/// Where the tiles write: output (weight row `i`, activation row `j`), both counted
+/// from the first of the call, at `p + i · f_stride + j · j_stride`.
+#[derive(Clone, Copy)]
+struct Dst {
+    p: *mut f32,
+    f_stride: usize,
+    j_stride: usize,
+}
+
+impl Dst {
+    /// Stores `v` as output `(i, j)`.
+    ///
+    /// # Safety
+    /// `(i, j)` inside the outputs the caller was given.
+    #[inline(always)]
+    unsafe fn put(self, i: usize, j: usize, v: f32) {
+        *self.p.add(i * self.f_stride + j * self.j_stride) = v;
+    }
+}
+
+/// The decode or prefill tiles of `wrows` × `rows` into `dst`.
+#[inline(always)]
+unsafe fn tiles_to<U: BiasedBlock>(
+    wrows: Rows,
+    n: usize,
+    a: &Activations<Q8_0>,
+    rows: Range<usize>,
+    dst: Dst,
+) {
     if rows.len() >= PREFILL_MIN {
-        prefill_rows::<U>(wrows, n, a, rows, out, stride);
+        prefill_rows::<U>(wrows, n, a, rows, dst);
     } else {
-        decode_rows::<U>(wrows, n, a, rows, out, stride);
+        decode_rows::<U>(wrows, n, a, rows, dst);
     }
 }
 
@@ -158,8 +243,7 @@ unsafe fn decode_rows<U: BiasedBlock>(
     n: usize,
     a: &Activations<Q8_0>,
     rows: Range<usize>,
-    out: &mut [f32],
-    stride: usize,
+    dst: Dst,
 ) {
     // The first tiles' bytes, which no tile before them prefetches.
     let head = AHEAD_BYTES.min(wrows.len * wrows.row_bytes);
@@ -181,8 +265,9 @@ unsafe fn decode_rows<U: BiasedBlock>(
                             let acts: [&[Q8Block]; $r] = std::array::from_fn(|t| a.row(j + t));
                             let v = decode_dots::<U, $w, $r>(ws, wrows.stride(), n, ahead, acts);
                             for (t, vt) in v.iter().enumerate() {
-                                let o = (i + t) * stride + j - rows.start;
-                                out[o..o + $r].copy_from_slice(vt);
+                                for (r, &x) in vt.iter().enumerate() {
+                                    dst.put(i + t, j - rows.start + r, x);
+                                }
                             }
                             j += $r;
                         }
@@ -272,19 +357,24 @@ unsafe fn prefill_rows<U: BiasedBlock>(
     n: usize,
     a: &Activations<Q8_0>,
     rows: Range<usize>,
-    out: &mut [f32],
-    stride: usize,
+    dst: Dst,
 ) {
     TILE.with_borrow_mut(|tile| {
         tile.reserve(n);
-        prefill_tiles::<U>(tile, wrows, a, rows, out, stride)
+        prefill_tiles::<U>(tile, wrows, a, rows, dst)
     });
 }
 
 thread_local! {
     /// Each thread's [`ActTile`], grown to the longest rows it has seen.
     static TILE: std::cell::RefCell<ActTile> = const {
-        std::cell::RefCell::new(ActTile { n: 0, y: Vec::new(), d: Vec::new(), dd: Vec::new() })
+        std::cell::RefCell::new(ActTile {
+            n: 0,
+            y: Vec::new(),
+            d: Vec::new(),
+            dd: Vec::new(),
+            dp: Vec::new(),
+        })
     };
 }
 
@@ -295,25 +385,24 @@ unsafe fn prefill_tiles<U: BiasedBlock>(
     wrows: Rows,
     a: &Activations<Q8_0>,
     rows: Range<usize>,
-    out: &mut [f32],
-    stride: usize,
+    dst: Dst,
 ) {
     let mut j = rows.start;
     macro_rules! tiles {
-        ($r:expr) => {
+        ($r:expr, $weight_tiles:ident, $n:expr) => {
             while rows.end - j >= $r {
                 let acts: [&[Q8Block]; $r] = std::array::from_fn(|t| a.row(j + t));
                 tile.prepare::<$r>(acts);
                 let o = j - rows.start;
-                weight_tiles::<U, $r>(wrows, tile, &mut out[o..], stride);
+                $weight_tiles::<U, $n>(wrows, tile, dst, o);
                 j += $r;
             }
         };
     }
-    tiles!(R_PREFILL);
-    tiles!(4);
-    tiles!(2);
-    tiles!(1);
+    tiles!(R_PREFILL, pair_weight_tiles, { R_PREFILL / 2 });
+    tiles!(4, pair_weight_tiles, 2);
+    tiles!(2, pair_weight_tiles, 1);
+    tiles!(1, weight_tiles, 1);
 }
 
 /// `R` activation rows prepared for [`prefill_dots`]: per block the `R` quant vectors as
@@ -324,6 +413,9 @@ struct ActTile {
     y: Vec<__m256i>,
     d: Vec<f32>,
     dd: Vec<f32>,
+    /// Per block and pair of rows `(2p, 2p + 1)`: `d_a` of row `2p` in lanes 0–7 and of
+    /// row `2p + 1` in lanes 8–15 ([`pair_dots`]).
+    dp: Vec<__m512>,
 }
 
 impl ActTile {
@@ -335,6 +427,8 @@ impl ActTile {
             self.y = vec![unsafe { std::mem::zeroed::<__m256i>() }; n * R_PREFILL];
             self.d = vec![0.0; n * R_PREFILL];
             self.dd = vec![0.0; n * R_PREFILL * W_PREFILL];
+            // SAFETY: as for `y`.
+            self.dp = vec![unsafe { std::mem::zeroed::<__m512>() }; n * R_PREFILL / 2];
         }
     }
 
@@ -349,6 +443,11 @@ impl ActTile {
                 *self.y.get_unchecked_mut(i * R + r) = _mm256_xor_si256(y, flip);
                 *self.d.get_unchecked_mut(i * R_PREFILL + r) = b.d;
             }
+            for p in 0..R / 2 {
+                let (lo, hi) = (a[2 * p].get_unchecked(i).d, a[2 * p + 1].get_unchecked(i).d);
+                *self.dp.get_unchecked_mut(i * (R / 2) + p) =
+                    _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+            }
         }
     }
 }
@@ -359,8 +458,8 @@ impl ActTile {
 unsafe fn weight_tiles<U: BiasedBlock, const R: usize>(
     wrows: Rows,
     tile: &mut ActTile,
-    out: &mut [f32],
-    stride: usize,
+    dst: Dst,
+    j0: usize,
 ) {
     let mut i = 0;
     macro_rules! tiles {
@@ -371,8 +470,9 @@ unsafe fn weight_tiles<U: BiasedBlock, const R: usize>(
                     std::array::from_fn(|t| wrows.at((i + $w + t).min(wrows.len - 1)));
                 let v = prefill_dots::<U, $w, R>(ws, next, wrows.stride(), tile);
                 for (t, vt) in v.iter().enumerate() {
-                    let o = (i + t) * stride;
-                    out[o..o + R].copy_from_slice(vt);
+                    for (r, &x) in vt.iter().enumerate() {
+                        dst.put(i + t, j0 + r, x);
+                    }
                 }
                 i += $w;
             }
@@ -437,6 +537,94 @@ unsafe fn prefill_dots<U: BiasedBlock, const W: usize, const R: usize>(
     for t in 0..W {
         for r in 0..R {
             out[t][r] = hsum_float_8(acc[t][r]);
+        }
+    }
+    out
+}
+
+/// [`weight_tiles`] for `2 · P` prepared rows, through [`pair_dots`].
+#[inline(always)]
+unsafe fn pair_weight_tiles<U: BiasedBlock, const P: usize>(
+    wrows: Rows,
+    tile: &mut ActTile,
+    dst: Dst,
+    j0: usize,
+) {
+    let mut i = 0;
+    macro_rules! tiles {
+        ($w:expr) => {
+            while wrows.len - i >= $w {
+                let ws: [*const u8; $w] = std::array::from_fn(|t| wrows.at(i + t));
+                let next: [*const u8; $w] =
+                    std::array::from_fn(|t| wrows.at((i + $w + t).min(wrows.len - 1)));
+                let v = pair_dots::<U, $w, P>(ws, next, wrows.stride(), tile);
+                for (t, vt) in v.iter().enumerate() {
+                    for (r, &x) in vt.as_flattened().iter().enumerate() {
+                        dst.put(i + t, j0 + r, x);
+                    }
+                }
+                i += $w;
+            }
+        };
+    }
+    tiles!(W_PREFILL);
+    tiles!(1);
+}
+
+/// [`prefill_dots`] with two activation rows per 512-bit register: the `P` pairs of
+/// rows `(2p, 2p + 1)` prepared in `tile` against the weight rows at `ws`. Row `2p`'s
+/// eight lanes are lanes 0–7, row `2p + 1`'s lanes 8–15, and each lane goes through
+/// the same operations as in [`prefill_dots`] (`vpdpbusd` of the biased activations
+/// with the weights, the offset `c = −128 · Σ₄ q`, conversion, the scale product
+/// `f16→f32(d_w) · d_a`, one `fma`), so each output keeps ggml's `vec_dot` bits, with
+/// half the instructions.
+///
+/// # Safety
+/// As [`prefill_dots`]; `tile` prepared for `2 · P` rows.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_dots<U: BiasedBlock, const W: usize, const P: usize>(
+    ws: [*const u8; W],
+    next: [*const u8; W],
+    bs: usize,
+    tile: &ActTile,
+) -> [[[f32; 2]; P]; W] {
+    let n = tile.n;
+    let k128 = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    let y = tile.y.as_ptr();
+    let dp = tile.dp.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); P]; W];
+    for i in 0..n {
+        let mut q = [zero; W];
+        let mut c = [zero; W];
+        let mut dw = [_mm512_setzero_ps(); W];
+        for t in 0..W {
+            let p = ws[t].add(i * bs);
+            _mm_prefetch::<_MM_HINT_T0>(next[t].add(i * bs) as *const i8);
+            q[t] = U::values_x2(p);
+            c[t] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, q[t]));
+            dw[t] = _mm512_broadcastss_ps(_mm256_castps256_ps128(f16_splat8(p)));
+        }
+        for p in 0..P {
+            // Rows 2p and 2p + 1 of block i, adjacent in the tile.
+            let yy = _mm512_loadu_si512(y.add(i * 2 * P + 2 * p) as *const __m512i);
+            let da = *dp.add(i * P + p);
+            for t in 0..W {
+                let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c[t], yy, q[t]));
+                acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[t], da), v, acc[t][p]);
+            }
+        }
+    }
+    let mut out = [[[0f32; 2]; P]; W];
+    for t in 0..W {
+        for p in 0..P {
+            let a = acc[t][p];
+            let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a));
+            out[t][p] = [
+                hsum_float_8(_mm512_castps512_ps256(a)),
+                hsum_float_8(_mm256_castpd_ps(hi)),
+            ];
         }
     }
     out

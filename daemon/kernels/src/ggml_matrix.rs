@@ -15,7 +15,7 @@ use candle_core::{Result, Tensor};
 use crate::q4_1x4::PAR_MIN_BLOCK_DOTS;
 use crate::team;
 use crate::tensor::{ggml_type, matmul_tensor};
-use crate::{BatchRow, GgmlType, Isa, QuantMatrix};
+use crate::{BatchRow, GgmlType, Isa, QuantMatrix, RowsOut};
 
 thread_local! {
     /// Each thread's weight-row-major products of its current task.
@@ -125,26 +125,24 @@ impl GgmlMatrix {
         unsafe { out.set_len(n * rows) };
         let failed = Mutex::new(None);
         team::for_each_column_block(&mut out, n, per_task, |cols, block| {
-            let mut put = |j: usize, f: usize, values: &[f32]| {
-                let dst = &mut block.row_mut(j)[f - cols.start..f - cols.start + values.len()];
-                for (d, &v) in dst.iter_mut().zip(values) {
-                    *d = std::mem::MaybeUninit::new(v);
+            let rows_done = self.m.matmul_range_rows(
+                isa,
+                &act,
+                cols.clone(),
+                &paths,
+                &mut RowsOut::of_block(block),
+            );
+            let done = rows_done.and_then(|done| {
+                if done {
+                    return Ok(());
                 }
-            };
-            let done = self
-                .m
-                .matmul_range_rows(isa, &act, cols.clone(), &paths, &mut put)
-                .and_then(|done| {
-                    if done {
-                        return Ok(());
-                    }
-                    SCRATCH.with_borrow_mut(|buf| {
-                        buf.resize(cols.len() * rows, 0.0);
-                        self.m
-                            .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
-                            .map(|()| transpose_into(buf, rows, cols.len(), block))
-                    })
-                });
+                SCRATCH.with_borrow_mut(|buf| {
+                    buf.resize(cols.len() * rows, 0.0);
+                    self.m
+                        .matmul_range_paths(isa, &act, cols.clone(), &paths, buf)
+                        .map(|()| transpose_into(buf, rows, cols.len(), block))
+                })
+            });
             if let Err(e) = done {
                 if let Ok(mut f) = failed.lock() {
                     f.get_or_insert(e);

@@ -177,6 +177,38 @@ macro_rules! legacy_quant {
                     }
                 }
             }
+
+            #[allow(clippy::too_many_arguments)]
+            fn vec_dot_block_rows(
+                isa: $crate::Isa,
+                w: &[u8],
+                row_bytes: usize,
+                group: $crate::layout::Interleave,
+                features: std::ops::Range<usize>,
+                a: &$crate::Activations<$crate::act::$act>,
+                rows: std::ops::Range<usize>,
+                out: &mut $crate::RowsOut<'_>,
+            ) -> bool {
+                #[cfg(target_arch = "x86_64")]
+                if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
+                    let g = group.max(1);
+                    assert!(
+                        features.end.div_ceil(g) * g * row_bytes <= w.len(),
+                        "rows {features:?} beyond the matrix"
+                    );
+                    // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
+                    // F16C; whole blocks per row and the groups holding `features` inside
+                    // `w` are checked, the outputs by `block_rows_to`.
+                    unsafe {
+                        $crate::block_tiles::block_rows_to::<$biased>(
+                            w, row_bytes, g, features, a, rows, out,
+                        )
+                    };
+                    return true;
+                }
+                let _ = (isa, w, row_bytes, group, features, a, rows, out);
+                false
+            }
             )?
 
             $(

@@ -56,6 +56,7 @@ mod legacy;
 mod matrix;
 pub mod par;
 pub mod paths;
+pub mod rows_out;
 pub mod team;
 pub mod tensor;
 pub mod tiles;
@@ -92,6 +93,7 @@ pub use isa::Isa;
 pub use matrix::{Kernel, QuantMatrix};
 pub use paths::{BatchRow, Path};
 pub use q4_1x4::Q4_1Matrix;
+pub use rows_out::RowsOut;
 pub use types::GgmlType;
 
 /// Errors of this crate; each names what was given and what is allowed.
@@ -205,6 +207,27 @@ pub trait Quant: Send + Sync + 'static {
             let o = &mut out[i * stride..i * stride + rows.len()];
             Self::vec_dot_rows(isa, &wr, a, rows.clone(), o);
         }
+    }
+
+    /// [`Self::vec_dot_block_in`] written row-major into `out` (which must hold
+    /// `features` × `rows`): `true`, or `false` with nothing written where the type has
+    /// no such kernel for `isa` (the default).
+    ///
+    /// # Panics
+    /// If `out` does not hold those outputs or `w` those rows.
+    #[allow(clippy::too_many_arguments)]
+    fn vec_dot_block_rows(
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        group: layout::Interleave,
+        features: std::ops::Range<usize>,
+        a: &Activations<Self::Act>,
+        rows: std::ops::Range<usize>,
+        out: &mut RowsOut<'_>,
+    ) -> bool {
+        let _ = (isa, w, row_bytes, group, features, a, rows, out);
+        false
     }
 
     /// Dot products of one weight row with several activation rows along llama.cpp's

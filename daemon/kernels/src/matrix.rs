@@ -6,6 +6,7 @@ use std::ops::Range;
 use crate::act::{self, ActFormat, Activations, ParFor};
 use crate::layout::{self, Interleave};
 use crate::paths::{self, BatchRow, Path};
+use crate::rows_out::RowsOut;
 use crate::tiles::TILE;
 use crate::{GgmlType, Isa, KernelError, Quant};
 
@@ -93,11 +94,10 @@ pub trait Kernel: Send + Sync {
         paths: &[Path],
         out: &mut [f32],
     ) -> Result<(), KernelError>;
-    /// [`Self::matmul_range`] written row-major, as products are formed: `put(j, f,
-    /// values)` receives activation row `j`'s outputs for weight rows `f .. f +
-    /// values.len()`, every pair of `features` × rows exactly once. `Ok(false)` (nothing
-    /// written) where the kernel has no such form for this instruction set and these
-    /// paths; the caller then takes [`Self::matmul_range`] and transposes.
+    /// [`Self::matmul_range`] written row-major into `out` (which holds `features`), as
+    /// products are formed, every pair of `features` × rows exactly once. `Ok(false)`
+    /// (nothing written) where the kernel has no such form for this instruction set and
+    /// these paths; the caller then takes [`Self::matmul_range`] and transposes.
     #[allow(clippy::too_many_arguments)]
     fn matmul_range_rows(
         &self,
@@ -108,9 +108,9 @@ pub trait Kernel: Send + Sync {
         act: &AnyActivations,
         features: Range<usize>,
         paths: &[Path],
-        put: &mut dyn FnMut(usize, usize, &[f32]),
+        out: &mut RowsOut<'_>,
     ) -> Result<bool, KernelError> {
-        let _ = (isa, w, row_bytes, group, act, features, paths, put);
+        let _ = (isa, w, row_bytes, group, act, features, paths, out);
         Ok(false)
     }
     /// ggml's dequantization of one row.
@@ -163,56 +163,18 @@ where
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         let group = group.max(1);
-        let a = Q::Act::unwrap(act).ok_or_else(|| {
-            KernelError::Activations(format!(
-                "{} weights need {} activations",
-                Q::TYPE.name(),
-                Q::Act::NAME
-            ))
-        })?;
+        let Some(a) = checked::<Q>(w, row_bytes, group, act, &features, paths)? else {
+            return Ok(());
+        };
         let len = features.len();
         let rows = a.rows();
-        if rows == 0 {
-            return Ok(());
-        }
-        if out.len() != rows * len || features.end.div_ceil(group) * group * row_bytes > w.len() {
+        if out.len() != rows * len {
             return Err(KernelError::Activations(format!(
-                "output of {} values for {rows} rows × {len} features, or features {features:?} beyond the matrix",
+                "output of {} values for {rows} rows × {len} features",
                 out.len()
             )));
         }
-        if group > 1 && paths.iter().any(|&p| p != Path::VecDot) {
-            return Err(KernelError::Activations(format!(
-                "interleaved {} rows have only the vec_dot path",
-                Q::TYPE.name()
-            )));
-        }
-        if !paths.is_empty() && paths.len() != rows {
-            return Err(KernelError::Activations(format!(
-                "{} paths for {rows} activation rows",
-                paths.len()
-            )));
-        }
-        if a.k() / Q::BLOCK_VALUES * Q::BLOCK_BYTES != row_bytes {
-            return Err(KernelError::Activations(format!(
-                "rows of {} values do not match weight rows of {row_bytes} bytes",
-                a.k()
-            )));
-        }
-        // Cache blocking: weight rows in groups of about 32 KiB (read from memory once,
-        // then from L1/L2 for every chunk of activation rows), activation rows in chunks
-        // of whole tiles of about 16 KiB (in L1 while the group's rows pass over them).
-        let act_row_bytes =
-            a.k() / Q::Act::BLOCK_VALUES * std::mem::size_of::<<Q::Act as ActFormat>::Block>();
-        let chunk = (16384 / act_row_bytes.max(1) / TILE * TILE).clamp(TILE, 16 * TILE);
-        // Weight rows per cache block. For fewer activation rows than a prefill tile
-        // (decode) each weight row is read once anyway: one block, so that the decode
-        // tiles' prefetch runs ahead across it.
-        let wgroup = if rows < layout::PREFILL_MIN {
-            len.max(1)
-        } else {
-            (32768 / row_bytes.max(1)).clamp(1, 256)
-        };
+        let (chunk, wgroup) = cache_blocks::<Q>(a, row_bytes, len);
         if group > 1 {
             for (g0, og) in features
                 .clone()
@@ -266,6 +228,40 @@ where
         Ok(())
     }
 
+    fn matmul_range_rows(
+        &self,
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        group: Interleave,
+        act: &AnyActivations,
+        features: Range<usize>,
+        paths: &[Path],
+        out: &mut RowsOut<'_>,
+    ) -> Result<bool, KernelError> {
+        // Rows on llama.cpp's repacked paths have kernels of their own, not `vec_dot`.
+        if paths.iter().any(|&p| matches!(p, Path::Gemm | Path::Gemv)) {
+            return Ok(false);
+        }
+        let group = group.max(1);
+        let Some(a) = checked::<Q>(w, row_bytes, group, act, &features, paths)? else {
+            return Ok(true);
+        };
+        let rows = a.rows();
+        let (chunk, wgroup) = cache_blocks::<Q>(a, row_bytes, features.len());
+        for g0 in features.clone().step_by(wgroup) {
+            let g1 = (g0 + wgroup).min(features.end);
+            for j0 in (0..rows).step_by(chunk) {
+                let j1 = (j0 + chunk).min(rows);
+                if !Q::vec_dot_block_rows(isa, w, row_bytes, group, g0..g1, a, j0..j1, out) {
+                    // Only ever the first call: the answer depends on `isa` alone.
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     fn dequantize_row(&self, row: &[u8], out: &mut [f32]) {
         for (b, o) in row
             .chunks_exact(Q::BLOCK_BYTES)
@@ -274,6 +270,75 @@ where
             Q::dequantize_block(b, o);
         }
     }
+}
+
+/// The activations of a product of `features` with the stored rows `w`, checked
+/// against the rows, `group` and `paths`; `None` when there are no activation rows.
+fn checked<'a, Q: Quant>(
+    w: &[u8],
+    row_bytes: usize,
+    group: Interleave,
+    act: &'a AnyActivations,
+    features: &Range<usize>,
+    paths: &[Path],
+) -> Result<Option<&'a Activations<Q::Act>>, KernelError>
+where
+    Q::Act: Wrap,
+{
+    let a = Q::Act::unwrap(act).ok_or_else(|| {
+        KernelError::Activations(format!(
+            "{} weights need {} activations",
+            Q::TYPE.name(),
+            Q::Act::NAME
+        ))
+    })?;
+    let rows = a.rows();
+    if rows == 0 {
+        return Ok(None);
+    }
+    if features.end.div_ceil(group) * group * row_bytes > w.len() {
+        return Err(KernelError::Activations(format!(
+            "features {features:?} beyond the matrix"
+        )));
+    }
+    if group > 1 && paths.iter().any(|&p| p != Path::VecDot) {
+        return Err(KernelError::Activations(format!(
+            "interleaved {} rows have only the vec_dot path",
+            Q::TYPE.name()
+        )));
+    }
+    if !paths.is_empty() && paths.len() != rows {
+        return Err(KernelError::Activations(format!(
+            "{} paths for {rows} activation rows",
+            paths.len()
+        )));
+    }
+    if a.k() / Q::BLOCK_VALUES * Q::BLOCK_BYTES != row_bytes {
+        return Err(KernelError::Activations(format!(
+            "rows of {} values do not match weight rows of {row_bytes} bytes",
+            a.k()
+        )));
+    }
+    Ok(Some(a))
+}
+
+/// Activation rows per chunk and weight rows per group of a product's cache blocking
+/// (weight rows in groups of about 32 KiB, read from memory once, then from L1/L2 for
+/// every chunk of activation rows; activation rows in chunks of whole tiles of about
+/// 16 KiB, in L1 while the group's rows pass over them), for `a` and `len` features.
+fn cache_blocks<Q: Quant>(a: &Activations<Q::Act>, row_bytes: usize, len: usize) -> (usize, usize) {
+    let act_row_bytes =
+        a.k() / Q::Act::BLOCK_VALUES * std::mem::size_of::<<Q::Act as ActFormat>::Block>();
+    let chunk = (16384 / act_row_bytes.max(1) / TILE * TILE).clamp(TILE, 16 * TILE);
+    // Weight rows per cache block. For fewer activation rows than a prefill tile
+    // (decode) each weight row is read once anyway: one block, so that the decode
+    // tiles' prefetch runs ahead across it.
+    let wgroup = if a.rows() < layout::PREFILL_MIN {
+        len.max(1)
+    } else {
+        (32768 / row_bytes.max(1)).clamp(1, 256)
+    };
+    (chunk, wgroup)
 }
 
 /// The kernel of an implemented type.
@@ -516,7 +581,7 @@ impl QuantMatrix {
         act: &AnyActivations,
         features: Range<usize>,
         paths: &[Path],
-        put: &mut dyn FnMut(usize, usize, &[f32]),
+        out: &mut RowsOut<'_>,
     ) -> Result<bool, KernelError> {
         self.check_features(&features)?;
         self.kernel.matmul_range_rows(
@@ -527,7 +592,7 @@ impl QuantMatrix {
             act,
             features,
             paths,
-            put,
+            out,
         )
     }
 

@@ -307,6 +307,13 @@ pub struct ColumnBlock<'a, T> {
 }
 
 impl<T> ColumnBlock<'_, T> {
+    /// Element `(0, cols.start)`, the row length `n`, the rows and the columns.
+    pub(crate) fn raw_parts(&mut self) -> (*mut T, usize, usize, std::ops::Range<usize>) {
+        // SAFETY: `cols.start < n` (a non-empty block) or the pointer is not read.
+        let base = self.base.0.wrapping_add(self.cols.start);
+        (base, self.n, self.rows, self.cols.clone())
+    }
+
     /// Row `j`'s elements in this block's columns.
     ///
     /// # Panics

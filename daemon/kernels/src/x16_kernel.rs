@@ -10,7 +10,7 @@ use std::ops::Range;
 use crate::act::{Activations, ParFor, Q8KBlock, Q8K};
 use crate::layout::Interleave;
 use crate::matrix::{kernel_for, AnyActivations, Kernel};
-use crate::{GgmlType, Isa, KernelError, Path, Quant};
+use crate::{GgmlType, Isa, KernelError, Path, Quant, RowsOut};
 
 /// Rows per group of every sixteen-row layout.
 const GROUP: usize = 16;
@@ -177,7 +177,7 @@ impl<S: Sixteen> Kernel for X16<S> {
         act: &AnyActivations,
         features: Range<usize>,
         paths: &[Path],
-        put: &mut dyn FnMut(usize, usize, &[f32]),
+        out: &mut RowsOut<'_>,
     ) -> Result<bool, KernelError> {
         let all_fast = if paths.is_empty() {
             S::fast(Path::VecDot)
@@ -197,7 +197,7 @@ impl<S: Sixteen> Kernel for X16<S> {
             let r0 = (g * GROUP).max(features.start);
             let lanes = r0 - g * GROUP..((g + 1) * GROUP).min(features.end) - g * GROUP;
             for (js, p) in path_runs(paths, rows) {
-                group_rows::<S>(wg, nb, a, js, p, |jj, out| put(jj, r0, &out[lanes.clone()]));
+                group_rows::<S>(wg, nb, a, js, p, |jj, o| out.put(jj, r0, &o[lanes.clone()]));
             }
         }
         Ok(true)
@@ -300,7 +300,7 @@ mod tests {
     use candle_core::quantized::GgmlDType;
 
     use crate::paths::{BatchRow, Path};
-    use crate::{GgmlType, Isa, QuantMatrix};
+    use crate::{GgmlType, Isa, QuantMatrix, RowsOut};
 
     /// A stored matrix (40 rows: two groups and a padded one) gives the plain ggml
     /// matrix's bits for every path mix (Q4_K: a 9-row micro-batch's gemm and gemv rows
@@ -355,16 +355,14 @@ mod tests {
                     // The row-major form, where the kernel has one: the same bits, each
                     // output written once.
                     let mut w = vec![f32::NAN; rows * f.len()];
-                    let mut writes = 0;
                     let done = fast
-                        .matmul_range_rows(isa, &a, f.clone(), &paths, &mut |j, r, vals| {
-                            for (i, &x) in vals.iter().enumerate() {
-                                let at = (r + i - f.start) * rows + j;
-                                assert!(w[at].is_nan(), "output {at} written twice");
-                                w[at] = x;
-                                writes += 1;
-                            }
-                        })
+                        .matmul_range_rows(
+                            isa,
+                            &a,
+                            f.clone(),
+                            &paths,
+                            &mut RowsOut::new(&mut w, rows, f.clone()),
+                        )
                         .expect("rows");
                     let fast_paths = if ty == GgmlType::Q4K {
                         [Path::Gemm, Path::Gemv].as_slice()
@@ -378,8 +376,12 @@ mod tests {
                     };
                     assert_eq!(done, isa == Isa::Avx512 && all_fast, "{ty:?} {paths:?}");
                     if done {
-                        assert_eq!(writes, rows * f.len());
-                        assert_eq!(bits(&u), bits(&w), "{ty:?} rows {f:?} {paths:?}");
+                        // Row-major here, weight-row major in `u`.
+                        let t: Vec<f32> = (0..f.len())
+                            .flat_map(|c| (0..rows).map(move |j| (c, j)))
+                            .map(|(c, j)| w[j * f.len() + c])
+                            .collect();
+                        assert_eq!(bits(&u), bits(&t), "{ty:?} rows {f:?} {paths:?}");
                     }
                 }
             }
