@@ -36,6 +36,20 @@ pub trait ActFormat: Send + Sync + 'static {
     fn quantize_row_gemm(x: &[f32], out: &mut [Self::Block]) {
         Self::quantize_row(x, out);
     }
+    /// [`Self::quantize_row`] (with `gemm`, [`Self::quantize_row_gemm`]) where AVX-512
+    /// F/BW/VL and F16C may be used: the same blocks.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL, FMA, SSE4.1 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quantize_row_avx512(x: &[f32], out: &mut [Self::Block], gemm: bool) {
+        if gemm {
+            Self::quantize_row_gemm(x, out);
+        } else {
+            Self::quantize_row(x, out);
+        }
+    }
     /// The values a row of blocks stands for (`d · q`, or the widened float), for
     /// reference computations.
     fn dequantize_row(blocks: &[Self::Block], out: &mut [f32]);
@@ -96,6 +110,12 @@ impl<A: ActFormat> Activations<A> {
         }
         #[cfg(target_arch = "x86_64")]
         let x86 = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("sse4.1");
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = x86
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("f16c");
         let base = SendPtr(blocks.as_mut_ptr());
         let n_tasks = rows.div_ceil(PAR_ROWS);
         // Each task's rows are written at most once, whatever `par` does.
@@ -116,6 +136,12 @@ impl<A: ActFormat> Activations<A> {
             };
             let x = &xs[r0 * k..r1 * k];
             let gemm = |j: usize| gemm(r0 + j);
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                // SAFETY: the features were detected.
+                unsafe { quantize_rows_avx512::<A>(x, k, per_row, out, &gemm) };
+                return;
+            }
             #[cfg(target_arch = "x86_64")]
             if x86 {
                 // SAFETY: the features were detected.
@@ -192,6 +218,28 @@ unsafe fn quantize_rows_x86<A: ActFormat>(
     quantize_rows::<A>(xs, k, per_row, blocks, gemm);
 }
 
+/// [`quantize_rows`] with each row's [`ActFormat::quantize_row_avx512`].
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL, FMA, SSE4.1 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,sse4.1,f16c")]
+unsafe fn quantize_rows_avx512<A: ActFormat>(
+    xs: &[f32],
+    k: usize,
+    per_row: usize,
+    blocks: &mut [A::Block],
+    gemm: &impl Fn(usize) -> bool,
+) {
+    for (j, (x, out)) in xs
+        .chunks_exact(k)
+        .zip(blocks.chunks_exact_mut(per_row))
+        .enumerate()
+    {
+        A::quantize_row_avx512(x, out, gemm(j));
+    }
+}
+
 /// A Q8_0 or Q8_1 block: `d` and `s` already widened from their f16 (as ggml's dot
 /// products use them), and the 32 quants.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -257,6 +305,30 @@ impl ActFormat for Q8_0 {
         for (xb, b) in x.chunks_exact(32).zip(out) {
             let d = q8_block(xb, &mut b.qs);
             b.d = f16_round(d);
+            b.s = 0.0;
+        }
+    }
+    /// Per block: `amax` by `vmaxps` over the absolute values (exact in any order),
+    /// `d` and `127 / amax` as in [`q8_block`], the products rounded to nearest even by
+    /// `vcvtps2dq`, narrowed by `vpmovdb` (every quant is within `−127..=127`), and `d`
+    /// rounded through f16 by F16C (as ggml's `GGML_FP32_TO_FP16`).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quantize_row_avx512(x: &[f32], out: &mut [Q8Block], _gemm: bool) {
+        use std::arch::x86_64::*;
+        for (xb, b) in x.chunks_exact(32).zip(out) {
+            let v0 = _mm512_loadu_ps(xb.as_ptr());
+            let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mul = _mm512_set1_ps(id);
+            let q0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, mul)));
+            let q1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, mul)));
+            _mm_storeu_si128(b.qs.as_mut_ptr() as *mut __m128i, q0);
+            _mm_storeu_si128(b.qs.as_mut_ptr().add(16) as *mut __m128i, q1);
+            let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d));
+            b.d = _mm_cvtss_f32(_mm_cvtph_ps(h));
             b.s = 0.0;
         }
     }
@@ -335,6 +407,61 @@ impl Q8K {
         }
         b.d = 1.0 / iscale;
     }
+
+    /// [`Self::quantize_block`] in 512-bit registers: `amax` by `vmaxps` (exact in any
+    /// order), the scale's sign from the first value of that magnitude (or, for
+    /// `gemm`, from whether `+amax` occurs), each `iscale · x` rounded to nearest even
+    /// by `vcvtps2dq` (as the `+ 12582912` trick rounds it: every product is within
+    /// ±128), capped at 127, and the sums of 16 quants (exact).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VL; `xb` holds 256 values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quantize_block_avx512(xb: &[f32], b: &mut Q8KBlock, gemm: bool) {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(xb.len(), 256);
+        let p = xb.as_ptr();
+        let mut m = _mm512_setzero_ps();
+        for c in 0..16 {
+            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(p.add(16 * c))));
+        }
+        let amax = _mm512_reduce_max_ps(m);
+        if amax == 0.0 || amax.is_nan() {
+            // NaN values: the portable block's own answer.
+            return Self::quantize_block(xb, b, gemm);
+        }
+        let splat = _mm512_set1_ps(amax);
+        let mut max = -amax;
+        for c in 0..16 {
+            let v = _mm512_loadu_ps(p.add(16 * c));
+            if gemm {
+                if _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, splat) != 0 {
+                    max = amax;
+                    break;
+                }
+            } else {
+                let at = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), splat);
+                if at != 0 {
+                    max = *p.add(16 * c + at.trailing_zeros() as usize);
+                    break;
+                }
+            }
+        }
+        let iscale = -127.0 / max;
+        let mul = _mm512_set1_ps(iscale);
+        let cap = _mm512_set1_epi32(127);
+        for c in 0..16 {
+            let v = _mm512_loadu_ps(p.add(16 * c));
+            let q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, mul)), cap);
+            _mm_storeu_si128(
+                b.qs.as_mut_ptr().add(16 * c) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q),
+            );
+            b.bsums[c] = _mm512_reduce_add_epi32(q) as i16;
+        }
+        b.d = 1.0 / iscale;
+    }
 }
 
 impl ActFormat for Q8K {
@@ -354,6 +481,13 @@ impl ActFormat for Q8K {
     fn quantize_row_gemm(x: &[f32], out: &mut [Q8KBlock]) {
         for (xb, b) in x.chunks_exact(256).zip(out) {
             Self::quantize_block(xb, b, true);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quantize_row_avx512(x: &[f32], out: &mut [Q8KBlock], gemm: bool) {
+        for (xb, b) in x.chunks_exact(256).zip(out) {
+            Self::quantize_block_avx512(xb, b, gemm);
         }
     }
     fn dequantize_row(blocks: &[Q8KBlock], out: &mut [f32]) {
@@ -433,6 +567,85 @@ mod tests {
             assert_eq!(ours.d, crate::half::le_f16(theirs, 0));
             let q: Vec<i8> = theirs[2..].iter().map(|&b| b as i8).collect();
             assert_eq!(ours.qs.to_vec(), q);
+        }
+    }
+
+    /// The AVX-512 Q8_0 rows give the portable rows' blocks: random values, ties at
+    /// `.5` steps of the quant, a zero block, tiny values (a subnormal f16 `d`, and one
+    /// that rounds to 0) and large ones.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_0_avx512_rows_equal_the_portable_ones() {
+        if !crate::Isa::available().contains(&crate::Isa::Avx512) {
+            return;
+        }
+        let mut x = crate::testing::random(32 * 64, 11);
+        // amax 127: the quants are the values, halves rounded to even.
+        for (i, v) in x[..32].iter_mut().enumerate() {
+            *v = i as f32 - 15.5;
+        }
+        x[0] = -127.0;
+        x[32..64].fill(0.0);
+        for (i, v) in x[64..96].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 1e-4;
+        }
+        for (i, v) in x[96..128].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 1e-12;
+        }
+        for (i, v) in x[128..160].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 3e4;
+        }
+        let (mut ours, mut theirs) = (vec![Q8_0::ZERO; 64], vec![Q8_0::ZERO; 64]);
+        // SAFETY: AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C (`Isa::Avx512`).
+        unsafe { Q8_0::quantize_row_avx512(&x, &mut ours, false) };
+        Q8_0::quantize_row(&x, &mut theirs);
+        for (i, (u, v)) in ours.iter().zip(&theirs).enumerate() {
+            assert_eq!(u.qs, v.qs, "block {i}");
+            assert_eq!(u.d.to_bits(), v.d.to_bits(), "block {i}");
+        }
+        assert!(
+            theirs[2].d > 0.0 && theirs[2].d < 6.2e-5,
+            "a subnormal f16 d"
+        );
+        assert_eq!(theirs[3].d, 0.0);
+        assert_eq!(theirs[0].qs[..3], [-127, -14, -14]);
+    }
+
+    /// The AVX-512 Q8_K blocks equal the portable ones for both row kinds: random
+    /// values, `−amax` before `+amax` (the two kinds' scales differ in sign), `−amax`
+    /// alone, a zero block, and a block whose products hit ±127.5-like ties.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_k_avx512_blocks_equal_the_portable_ones() {
+        if !crate::Isa::available().contains(&crate::Isa::Avx512) {
+            return;
+        }
+        let mut x = crate::testing::random(256 * 6, 13);
+        x[3] = -9.0;
+        x[200] = 9.0;
+        x[256 + 100] = -9.0;
+        x[512..768].fill(0.0);
+        for (i, v) in x[768..1024].iter_mut().enumerate() {
+            *v = (i as f32 - 128.0) / 2.0;
+        }
+        x[1024 + 255] = 9.0;
+        x[1024] = -9.0;
+        for gemm in [false, true] {
+            let (mut ours, mut theirs) = (vec![Q8K::ZERO; 6], vec![Q8K::ZERO; 6]);
+            // SAFETY: AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C (`Isa::Avx512`).
+            unsafe { Q8K::quantize_row_avx512(&x, &mut ours, gemm) };
+            if gemm {
+                Q8K::quantize_row_gemm(&x, &mut theirs);
+            } else {
+                Q8K::quantize_row(&x, &mut theirs);
+            }
+            for (i, (u, v)) in ours.iter().zip(&theirs).enumerate() {
+                assert_eq!(u.qs, v.qs, "gemm {gemm} block {i}");
+                assert_eq!(u.bsums, v.bsums, "gemm {gemm} block {i}");
+                assert_eq!(u.d.to_bits(), v.d.to_bits(), "gemm {gemm} block {i}");
+            }
+            // The sign of the scale where −amax comes first.
+            assert_eq!(theirs[0].d > 0.0, !gemm, "gemm {gemm}");
         }
     }
 
