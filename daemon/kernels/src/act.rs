@@ -309,7 +309,7 @@ impl ActFormat for Q8_0 {
         }
     }
     /// Per block: `amax` by `vmaxps` over the absolute values (exact in any order),
-    /// `d` and `127 / amax` as in [`q8_block`], the products rounded to nearest even by
+    /// `d` and `127 / amax` as in `q8_block`, the products rounded to nearest even by
     /// `vcvtps2dq`, narrowed by `vpmovdb` (every quant is within `−127..=127`), and `d`
     /// rounded through f16 by F16C (as ggml's `GGML_FP32_TO_FP16`).
     #[cfg(target_arch = "x86_64")]

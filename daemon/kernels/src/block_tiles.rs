@@ -22,9 +22,18 @@
 //!   block is unpacked once for `R` activation rows and each activation block loaded
 //!   once for `W` weight rows. One activation row (decode) gets `W` independent FMA
 //!   chains instead of one, which hides the FMA latency that bounds a one-row
-//!   `vec_dot`. The prefill tile computes its `W × R` scale products `f16→f32(d_w) ·
-//!   d_a` per block in a loop of their own, so that each FMA takes its scale as a
-//!   broadcast from memory (a load, not a shuffle).
+//!   `vec_dot`.
+//! - **Two activation rows per register** (prefill, `pair_dots`): an output's eight
+//!   lanes take half a 512-bit register, so rows `2p` and `2p + 1` share one: their
+//!   biased quants side by side (one load from the prepared tile), the weight block in
+//!   both halves, and the scales `d_a` of the two rows as lanes 0–7 and 8–15. Each lane
+//!   sees the operations it had in a 256-bit register (`vpdpbusd`, conversion, the
+//!   scale product, one `fma`), so the bits are unchanged and the instructions halve.
+//!   An odd last row takes `prefill_dots`, whose `W × R` scale products are formed in
+//!   a loop of their own and broadcast from memory.
+//! - **Row-major outputs** ([`block_rows_to`]): the tiles write each output where the
+//!   caller's `(rows, n)` result holds it ([`crate::RowsOut`]), so no scratch buffer is
+//!   transposed afterwards.
 //!
 //! Measured on the development machine (AMD EPYC Zen 4, one thread,
 //! `INFERD_TIMING_PATHS=1 cargo test --release -p inferd-kernels -- --ignored timing`),
