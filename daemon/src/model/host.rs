@@ -119,12 +119,26 @@ pub fn glu_rows(
     numerics: Numerics,
 ) -> Vec<f32> {
     let width = gate.len().checked_div(n).unwrap_or(0);
-    let mut out = vec![0f32; gate.len()];
-    let row = |r: usize, dst: &mut [f32]| {
-        let (g, u) = (
+    glu_rows_by(n, width, act, numerics, |r| {
+        (
             &gate[r * width..(r + 1) * width],
             &up[r * width..(r + 1) * width],
-        );
+        )
+    })
+}
+
+/// [`glu_rows`] of `n` rows of `width`, row `r`'s gate and up values given by
+/// `parts(r)`.
+fn glu_rows_by<'a>(
+    n: usize,
+    width: usize,
+    act: Activation,
+    numerics: Numerics,
+    parts: impl Fn(usize) -> (&'a [f32], &'a [f32]) + Sync,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n * width];
+    let row = |r: usize, dst: &mut [f32]| {
+        let (g, u) = parts(r);
         match numerics {
             Numerics::Ggml => inferd_kernels::eltwise::glu_row(act, g, u, dst),
             Numerics::Transformers => {
@@ -291,6 +305,29 @@ impl Backend for HostBackend<'_> {
             v: glu_rows(&gate.v, &up.v, gate.n, act, self.numerics),
             n: gate.n,
         })
+    }
+
+    /// A fused gate/up product of two equal parts goes to the GLU as it is (each row
+    /// `[gate | up]`), without splitting it into two arrays first.
+    fn gated(
+        &mut self,
+        x: &Rows,
+        gate_up: &Projection,
+        act: Activation,
+    ) -> candle_core::Result<Rows> {
+        if let Projection::Fused { matrix, widths } = gate_up {
+            if let &[g, u] = widths.as_slice() {
+                if g == u {
+                    let all = matrix.forward_host_batch(&x.v, x.n, self.batch_for(x.n))?;
+                    let v = glu_rows_by(x.n, g, act, self.numerics, |r| {
+                        let row = &all[r * 2 * g..(r + 1) * 2 * g];
+                        row.split_at(g)
+                    });
+                    return Ok(Rows { v, n: x.n });
+                }
+            }
+        }
+        super::transformer::project_then_glu(self, x, gate_up, act)
     }
 
     fn moe(&mut self, x: &Rows, w: &MoeWeights, spec: &ModelSpec) -> candle_core::Result<Rows> {

@@ -71,6 +71,20 @@ pub trait Backend {
         up: Self::Act,
         act: Activation,
     ) -> candle_core::Result<Self::Act>;
+    /// The gated MLP's input to `down`: `act(x · Gᵀ) · (x · Uᵀ)` from the gate/up
+    /// projection (its two parts through [`Self::project`] and [`Self::glu`]; a backend
+    /// may skip splitting a fused product).
+    fn gated(
+        &mut self,
+        x: &Self::Act,
+        gate_up: &Projection,
+        act: Activation,
+    ) -> candle_core::Result<Self::Act>
+    where
+        Self: Sized,
+    {
+        project_then_glu(self, x, gate_up, act)
+    }
     /// The MoE MLP of `x`.
     fn moe(
         &mut self,
@@ -357,11 +371,9 @@ impl Model {
             let h = be.rms_norm(&x, &w.ffn_norm, s.norm_eps)?;
             let mut m = match &w.ffn {
                 super::weights::Ffn::Dense { gate_up, down } => {
-                    let mut parts = be.project(&h, gate_up)?.into_iter();
-                    let (Some(g), Some(u)) = (parts.next(), parts.next()) else {
-                        candle_core::bail!("layer {l}: gate/up projection has no two parts");
-                    };
-                    let a = be.glu(g, u, s.activation)?;
+                    let a = be
+                        .gated(&h, gate_up, s.activation)
+                        .map_err(|e| e.context(format!("layer {l}")))?;
                     be.matmul(&a, down)?
                 }
                 super::weights::Ffn::Moe(moe) => be.moe(&h, moe, s)?,
@@ -428,4 +440,19 @@ impl Model {
             None => Ok(o),
         }
     }
+}
+
+/// [`Backend::gated`] through the two parts: [`Backend::project`], then
+/// [`Backend::glu`].
+pub(super) fn project_then_glu<B: Backend>(
+    be: &mut B,
+    x: &B::Act,
+    gate_up: &Projection,
+    act: Activation,
+) -> candle_core::Result<B::Act> {
+    let mut parts = be.project(x, gate_up)?.into_iter();
+    let (Some(g), Some(u)) = (parts.next(), parts.next()) else {
+        candle_core::bail!("gate/up projection has no two parts");
+    };
+    be.glu(g, u, act)
 }
