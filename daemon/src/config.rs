@@ -261,7 +261,7 @@ impl Default for SchedulerConfig {
         Self {
             max_running: 16,
             max_waiting: 256,
-            max_batch_tokens: 256,
+            max_batch_tokens: 512,
             attention_cost_tokens: 1024,
             kv_cache_bytes: 256 << 20,
             block_size: 16,
