@@ -308,7 +308,8 @@ impl ActFormat for Q8_0 {
             b.s = 0.0;
         }
     }
-    /// Per block: `amax` by `vmaxps` over the absolute values (exact in any order),
+    /// Per block: `amax` by `vmaxps` over the absolute values (exact in any order; a
+    /// block with NaN or infinite values takes the portable code),
     /// `d` and `127 / amax` as in `q8_block`, the products rounded to nearest even by
     /// `vcvtps2dq`, narrowed by `vpmovdb` (every quant is within `−127..=127`), and `d`
     /// rounded through f16 by F16C (as ggml's `GGML_FP32_TO_FP16`).
@@ -319,7 +320,19 @@ impl ActFormat for Q8_0 {
         for (xb, b) in x.chunks_exact(32).zip(out) {
             let v0 = _mm512_loadu_ps(xb.as_ptr());
             let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
-            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let (a0, a1) = (_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+            let inf = _mm512_set1_ps(f32::INFINITY);
+            if _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a0, inf)
+                | _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a1, inf)
+                != 0
+            {
+                // NaN or infinite values: the portable block's own answer.
+                let d = q8_block(xb, &mut b.qs);
+                b.d = f16_round(d);
+                b.s = 0.0;
+                continue;
+            }
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
             let d = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mul = _mm512_set1_ps(id);
@@ -408,8 +421,8 @@ impl Q8K {
         b.d = 1.0 / iscale;
     }
 
-    /// [`Self::quantize_block`] in 512-bit registers: `amax` by `vmaxps` (exact in any
-    /// order), the scale's sign from the first value of that magnitude (or, for
+    /// [`Self::quantize_block`] in 512-bit registers (a block with NaN or infinite
+    /// values takes the portable code): `amax` by `vmaxps` (exact in any order), the scale's sign from the first value of that magnitude (or, for
     /// `gemm`, from whether `+amax` occurs), each `iscale · x` rounded to nearest even
     /// by `vcvtps2dq` (as the `+ 12582912` trick rounds it: every product is within
     /// ±128), capped at 127, and the sums of 16 quants (exact).
@@ -423,12 +436,16 @@ impl Q8K {
         debug_assert_eq!(xb.len(), 256);
         let p = xb.as_ptr();
         let mut m = _mm512_setzero_ps();
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let mut nonfinite = 0;
         for c in 0..16 {
-            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(p.add(16 * c))));
+            let a = _mm512_abs_ps(_mm512_loadu_ps(p.add(16 * c)));
+            nonfinite |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(a, inf);
+            m = _mm512_max_ps(m, a);
         }
         let amax = _mm512_reduce_max_ps(m);
-        if amax == 0.0 || amax.is_nan() {
-            // NaN values: the portable block's own answer.
+        if amax == 0.0 || nonfinite != 0 {
+            // A zero block, or NaN or infinite values: the portable block's own answer.
             return Self::quantize_block(xb, b, gemm);
         }
         let splat = _mm512_set1_ps(amax);
@@ -572,7 +589,7 @@ mod tests {
 
     /// The AVX-512 Q8_0 rows give the portable rows' blocks: random values, ties at
     /// `.5` steps of the quant, a zero block, tiny values (a subnormal f16 `d`, and one
-    /// that rounds to 0) and large ones.
+    /// that rounds to 0), large ones, and blocks with NaN and ±∞.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn q8_0_avx512_rows_equal_the_portable_ones() {
@@ -595,6 +612,11 @@ mod tests {
         for (i, v) in x[128..160].iter_mut().enumerate() {
             *v = (i as f32 - 16.0) * 3e4;
         }
+        // The largest value and a NaN in the same lane of the block's two halves.
+        x[163] = 50.0;
+        x[179] = f32::NAN;
+        x[200] = f32::INFINITY;
+        x[231] = f32::NEG_INFINITY;
         let (mut ours, mut theirs) = (vec![Q8_0::ZERO; 64], vec![Q8_0::ZERO; 64]);
         // SAFETY: AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C (`Isa::Avx512`).
         unsafe { Q8_0::quantize_row_avx512(&x, &mut ours, false) };
@@ -613,14 +635,14 @@ mod tests {
 
     /// The AVX-512 Q8_K blocks equal the portable ones for both row kinds: random
     /// values, `−amax` before `+amax` (the two kinds' scales differ in sign), `−amax`
-    /// alone, a zero block, and a block whose products hit ±127.5-like ties.
+    /// alone, a zero block, a block whose products hit ties, and one with NaN and ±∞.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn q8_k_avx512_blocks_equal_the_portable_ones() {
         if !crate::Isa::available().contains(&crate::Isa::Avx512) {
             return;
         }
-        let mut x = crate::testing::random(256 * 6, 13);
+        let mut x = crate::testing::random(256 * 7, 13);
         x[3] = -9.0;
         x[200] = 9.0;
         x[256 + 100] = -9.0;
@@ -630,8 +652,13 @@ mod tests {
         }
         x[1024 + 255] = 9.0;
         x[1024] = -9.0;
+        // Block 5: the largest value, then NaN in the same lane of a later 16 (a NaN
+        // that `vmaxps` would let drop it); block 6: +∞.
+        x[1280 + 3] = 50.0;
+        x[1280 + 16 * 5 + 3] = f32::NAN;
+        x[1536 + 200] = f32::INFINITY;
         for gemm in [false, true] {
-            let (mut ours, mut theirs) = (vec![Q8K::ZERO; 6], vec![Q8K::ZERO; 6]);
+            let (mut ours, mut theirs) = (vec![Q8K::ZERO; 7], vec![Q8K::ZERO; 7]);
             // SAFETY: AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C (`Isa::Avx512`).
             unsafe { Q8K::quantize_row_avx512(&x, &mut ours, gemm) };
             if gemm {
