@@ -29,8 +29,7 @@
 //!   both halves, and the scales `d_a` of the two rows as lanes 0–7 and 8–15. Each lane
 //!   sees the operations it had in a 256-bit register (`vpdpbusd`, conversion, the
 //!   scale product, one `fma`), so the bits are unchanged and the instructions halve.
-//!   An odd last row takes `prefill_dots`, whose `W × R` scale products are formed in
-//!   a loop of their own and broadcast from memory.
+//!   An odd last row goes as a pair with itself (its copy's products dropped).
 //! - **Row-major outputs** ([`block_rows_to`]): the tiles write each output where the
 //!   caller's `(rows, n)` result holds it ([`crate::RowsOut`]), so no scratch buffer is
 //!   transposed afterwards.
@@ -357,9 +356,10 @@ unsafe fn decode_dots<U: BiasedBlock, const W: usize, const R: usize>(
 const R_PREFILL: usize = 8;
 const W_PREFILL: usize = 2;
 
-/// [`block_rows`] for several activation rows: tiles of [`R_PREFILL`] (then 4, 2, 1)
+/// [`block_rows`] for several activation rows: tiles of [`R_PREFILL`] (then 4 and 2)
 /// activation rows, each prepared once ([`ActTile`]) and run against all weight rows in
-/// tiles of [`W_PREFILL`] (then 1).
+/// tiles of [`W_PREFILL`] (then 1); an odd last row goes as a pair with itself, its
+/// copy's products dropped.
 #[inline(always)]
 unsafe fn prefill_rows<U: BiasedBlock>(
     wrows: Rows,
@@ -377,13 +377,7 @@ unsafe fn prefill_rows<U: BiasedBlock>(
 thread_local! {
     /// Each thread's [`ActTile`], grown to the longest rows it has seen.
     static TILE: std::cell::RefCell<ActTile> = const {
-        std::cell::RefCell::new(ActTile {
-            n: 0,
-            y: Vec::new(),
-            d: Vec::new(),
-            dd: Vec::new(),
-            dp: Vec::new(),
-        })
+        std::cell::RefCell::new(ActTile { n: 0, y: Vec::new(), dp: Vec::new() })
     };
 }
 
@@ -398,32 +392,31 @@ unsafe fn prefill_tiles<U: BiasedBlock>(
 ) {
     let mut j = rows.start;
     macro_rules! tiles {
-        ($r:expr, $weight_tiles:ident, $n:expr) => {
+        ($r:expr) => {
             while rows.end - j >= $r {
                 let acts: [&[Q8Block]; $r] = std::array::from_fn(|t| a.row(j + t));
                 tile.prepare::<$r>(acts);
-                let o = j - rows.start;
-                $weight_tiles::<U, $n>(wrows, tile, dst, o);
+                weight_tiles::<U, { $r / 2 }>(wrows, tile, dst, j - rows.start, $r);
                 j += $r;
             }
         };
     }
-    tiles!(R_PREFILL, pair_weight_tiles, { R_PREFILL / 2 });
-    tiles!(4, pair_weight_tiles, 2);
-    tiles!(2, pair_weight_tiles, 1);
-    tiles!(1, weight_tiles, 1);
+    tiles!(R_PREFILL);
+    tiles!(4);
+    tiles!(2);
+    if j < rows.end {
+        tile.prepare::<2>([a.row(j), a.row(j)]);
+        weight_tiles::<U, 1>(wrows, tile, dst, j - rows.start, 1);
+    }
 }
 
-/// `R` activation rows prepared for [`prefill_dots`]: per block the `R` quant vectors as
-/// unsigned bytes `y + 128`, the `R` scales `d_a`, and room for the `W × R` scale
-/// products of one weight tile.
+/// `R` activation rows prepared for [`pair_dots`]: per block the `R` quant vectors as
+/// unsigned bytes `y + 128`, and per pair of rows their scales `d_a`.
 struct ActTile {
     n: usize,
     y: Vec<__m256i>,
-    d: Vec<f32>,
-    dd: Vec<f32>,
     /// Per block and pair of rows `(2p, 2p + 1)`: `d_a` of row `2p` in lanes 0–7 and of
-    /// row `2p + 1` in lanes 8–15 ([`pair_dots`]).
+    /// row `2p + 1` in lanes 8–15.
     dp: Vec<__m512>,
 }
 
@@ -431,26 +424,22 @@ impl ActTile {
     /// Sets the block count to `n`, growing the tables if they are shorter.
     fn reserve(&mut self, n: usize) {
         self.n = n;
-        if self.d.len() < n * R_PREFILL {
-            // SAFETY: an all-zero `__m256i` is a valid value (no instruction runs).
+        if self.y.len() < n * R_PREFILL {
+            // SAFETY: all-zero `__m256i` and `__m512` are valid values (no instruction
+            // runs).
             self.y = vec![unsafe { std::mem::zeroed::<__m256i>() }; n * R_PREFILL];
-            self.d = vec![0.0; n * R_PREFILL];
-            self.dd = vec![0.0; n * R_PREFILL * W_PREFILL];
-            // SAFETY: as for `y`.
             self.dp = vec![unsafe { std::mem::zeroed::<__m512>() }; n * R_PREFILL / 2];
         }
     }
 
-    /// Fills the tables for the rows `a` (at least `n` blocks each).
+    /// Fills the tables for the rows `a` (an even number, at least `n` blocks each).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn prepare<const R: usize>(&mut self, a: [&[Q8Block]; R]) {
         let flip = _mm256_set1_epi8(-128);
         for i in 0..self.n {
             for (r, row) in a.iter().enumerate() {
-                let b = row.get_unchecked(i);
-                let y = _mm256_load_si256(b.qs.as_ptr() as *const __m256i);
+                let y = _mm256_load_si256(row.get_unchecked(i).qs.as_ptr() as *const __m256i);
                 *self.y.get_unchecked_mut(i * R + r) = _mm256_xor_si256(y, flip);
-                *self.d.get_unchecked_mut(i * R_PREFILL + r) = b.d;
             }
             for p in 0..R / 2 {
                 let (lo, hi) = (a[2 * p].get_unchecked(i).d, a[2 * p + 1].get_unchecked(i).d);
@@ -461,103 +450,16 @@ impl ActTile {
     }
 }
 
-/// The prepared `R` activation rows of `tile` against every weight row of `wrows`, in
-/// tiles of [`W_PREFILL`] weight rows, then 1.
+/// The `2 · P` rows prepared in `tile` against every weight row of `wrows`, in tiles of
+/// [`W_PREFILL`] weight rows, then 1, through [`pair_dots`]; the first `used` rows'
+/// products go to `dst` from activation row `j0` on.
 #[inline(always)]
-unsafe fn weight_tiles<U: BiasedBlock, const R: usize>(
+unsafe fn weight_tiles<U: BiasedBlock, const P: usize>(
     wrows: Rows,
     tile: &mut ActTile,
     dst: Dst,
     j0: usize,
-) {
-    let mut i = 0;
-    macro_rules! tiles {
-        ($w:expr) => {
-            while wrows.len - i >= $w {
-                let ws: [*const u8; $w] = std::array::from_fn(|t| wrows.at(i + t));
-                let next: [*const u8; $w] =
-                    std::array::from_fn(|t| wrows.at((i + $w + t).min(wrows.len - 1)));
-                let v = prefill_dots::<U, $w, R>(ws, next, wrows.stride(), tile);
-                for (t, vt) in v.iter().enumerate() {
-                    for (r, &x) in vt.iter().enumerate() {
-                        dst.put(i + t, j0 + r, x);
-                    }
-                }
-                i += $w;
-            }
-        };
-    }
-    tiles!(W_PREFILL);
-    tiles!(1);
-}
-
-/// The `W × R` products of the weight rows at `ws` with the activation rows prepared in
-/// `tile`: per block the weight values `q` (signed) with `c = −128 · Σ₄ q`, and for
-/// each activation row `vpdpbusd(c, y + 128, q) = Σ₄ q·y`; the scale products
-/// `f16→f32(d_w) · d_a` are computed first, in a loop of their own, so that the main
-/// loop broadcasts each from memory.
-///
-/// # Safety
-/// As [`block_rows`]; each `ws[t]` readable for `tile.n · U::BYTES` bytes; `tile`
-/// prepared for `R` rows.
-// Weight row `t` and activation row `r` index several arrays of the tile at once.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn prefill_dots<U: BiasedBlock, const W: usize, const R: usize>(
-    ws: [*const u8; W],
-    next: [*const u8; W],
-    bs: usize,
-    tile: &mut ActTile,
-) -> [[f32; R]; W] {
-    let n = tile.n;
-    // Rows of 8 lanes whatever `R` (the lanes past `R` are unused).
-    let (d, dd) = (tile.d.as_ptr(), tile.dd.as_mut_ptr());
-    for i in 0..n {
-        let da = _mm256_loadu_ps(d.add(i * R_PREFILL));
-        for t in 0..W {
-            let dw = f16_splat8(ws[t].add(i * bs));
-            _mm256_storeu_ps(
-                dd.add((i * W_PREFILL + t) * R_PREFILL),
-                _mm256_mul_ps(dw, da),
-            );
-        }
-    }
-    let k128 = _mm256_set1_epi8(-128);
-    let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); R]; W];
-    for i in 0..n {
-        let mut q = [zero; W];
-        let mut c = [zero; W];
-        for t in 0..W {
-            _mm_prefetch::<_MM_HINT_T0>(next[t].add(i * bs) as *const i8);
-            q[t] = U::values_512(ws[t].add(i * bs));
-            c[t] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k128, q[t]));
-        }
-        for r in 0..R {
-            let y = *tile.y.get_unchecked(i * R + r);
-            for t in 0..W {
-                let v = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c[t], y, q[t]));
-                let d = _mm256_broadcast_ss(&*dd.add((i * W_PREFILL + t) * R_PREFILL + r));
-                acc[t][r] = _mm256_fmadd_ps(d, v, acc[t][r]);
-            }
-        }
-    }
-    let mut out = [[0f32; R]; W];
-    for t in 0..W {
-        for r in 0..R {
-            out[t][r] = hsum_float_8(acc[t][r]);
-        }
-    }
-    out
-}
-
-/// [`weight_tiles`] for `2 · P` prepared rows, through [`pair_dots`].
-#[inline(always)]
-unsafe fn pair_weight_tiles<U: BiasedBlock, const P: usize>(
-    wrows: Rows,
-    tile: &mut ActTile,
-    dst: Dst,
-    j0: usize,
+    used: usize,
 ) {
     let mut i = 0;
     macro_rules! tiles {
@@ -568,7 +470,7 @@ unsafe fn pair_weight_tiles<U: BiasedBlock, const P: usize>(
                     std::array::from_fn(|t| wrows.at((i + $w + t).min(wrows.len - 1)));
                 let v = pair_dots::<U, $w, P>(ws, next, wrows.stride(), tile);
                 for (t, vt) in v.iter().enumerate() {
-                    for (r, &x) in vt.as_flattened().iter().enumerate() {
+                    for (r, &x) in vt.as_flattened()[..used].iter().enumerate() {
                         dst.put(i + t, j0 + r, x);
                     }
                 }
@@ -580,16 +482,17 @@ unsafe fn pair_weight_tiles<U: BiasedBlock, const P: usize>(
     tiles!(1);
 }
 
-/// [`prefill_dots`] with two activation rows per 512-bit register: the `P` pairs of
-/// rows `(2p, 2p + 1)` prepared in `tile` against the weight rows at `ws`. Row `2p`'s
-/// eight lanes are lanes 0–7, row `2p + 1`'s lanes 8–15, and each lane goes through
-/// the same operations as in [`prefill_dots`] (`vpdpbusd` of the biased activations
-/// with the weights, the offset `c = −128 · Σ₄ q`, conversion, the scale product
-/// `f16→f32(d_w) · d_a`, one `fma`), so each output keeps ggml's `vec_dot` bits, with
-/// half the instructions.
+/// The `W × 2P` products of the weight rows at `ws` with the `P` pairs of rows `(2p, 2p
+/// + 1)` prepared in `tile`, two rows per 512-bit register: row `2p`'s eight lanes are
+/// lanes 0–7, row `2p + 1`'s lanes 8–15. Per block, each lane is ggml's `vec_dot`
+/// lane: `vpdpbusd(c, y + 128, q) = Σ₄ q·y` with the weights' offset `c = −128 · Σ₄ q`,
+/// the conversion to f32, the scale product `f16→f32(d_w) · d_a` and one `fma`; the
+/// two halves' horizontal sums are `hsum_float_8`'s. Each weight row's next rows
+/// (`next`) are prefetched.
 ///
 /// # Safety
-/// As [`prefill_dots`]; `tile` prepared for `2 · P` rows.
+/// As [`block_rows`]; each `ws[t]` readable for `tile.n · U::BYTES` bytes; `tile`
+/// prepared for `2 · P` rows.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn pair_dots<U: BiasedBlock, const W: usize, const P: usize>(
