@@ -44,11 +44,7 @@ pub trait ActFormat: Send + Sync + 'static {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn quantize_row_avx512(x: &[f32], out: &mut [Self::Block], gemm: bool) {
-        if gemm {
-            Self::quantize_row_gemm(x, out);
-        } else {
-            Self::quantize_row(x, out);
-        }
+        portable_row::<Self>(x, out, gemm);
     }
     /// The values a row of blocks stands for (`d · q`, or the widened float), for
     /// reference computations.
@@ -148,7 +144,7 @@ impl<A: ActFormat> Activations<A> {
                 unsafe { quantize_rows_x86::<A>(x, k, per_row, out, &gemm) };
                 return;
             }
-            quantize_rows::<A>(x, k, per_row, out, &gemm);
+            quantize_rows::<A>(x, k, per_row, out, &gemm, portable_row::<A>);
         });
         Ok(Self { rows, k, blocks })
     }
@@ -178,7 +174,7 @@ pub type ParFor<'a> = &'a (dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Sync);
 /// Rows per task of [`Activations::quantize_par`].
 pub const PAR_ROWS: usize = 32;
 
-/// The rows of [`Activations::quantize_for`].
+/// The rows of [`Activations::quantize_for`], each through `row(x, out, gemm(j))`.
 #[inline(always)]
 fn quantize_rows<A: ActFormat>(
     xs: &[f32],
@@ -186,17 +182,24 @@ fn quantize_rows<A: ActFormat>(
     per_row: usize,
     blocks: &mut [A::Block],
     gemm: &impl Fn(usize) -> bool,
+    row: impl Fn(&[f32], &mut [A::Block], bool),
 ) {
     for (j, (x, out)) in xs
         .chunks_exact(k)
         .zip(blocks.chunks_exact_mut(per_row))
         .enumerate()
     {
-        if gemm(j) {
-            A::quantize_row_gemm(x, out);
-        } else {
-            A::quantize_row(x, out);
-        }
+        row(x, out, gemm(j));
+    }
+}
+
+/// [`ActFormat::quantize_row_gemm`] where `gemm`, else [`ActFormat::quantize_row`].
+#[inline(always)]
+fn portable_row<A: ActFormat + ?Sized>(x: &[f32], out: &mut [A::Block], gemm: bool) {
+    if gemm {
+        A::quantize_row_gemm(x, out);
+    } else {
+        A::quantize_row(x, out);
     }
 }
 
@@ -215,7 +218,7 @@ unsafe fn quantize_rows_x86<A: ActFormat>(
     blocks: &mut [A::Block],
     gemm: &impl Fn(usize) -> bool,
 ) {
-    quantize_rows::<A>(xs, k, per_row, blocks, gemm);
+    quantize_rows::<A>(xs, k, per_row, blocks, gemm, portable_row::<A>);
 }
 
 /// [`quantize_rows`] with each row's [`ActFormat::quantize_row_avx512`].
@@ -231,13 +234,10 @@ unsafe fn quantize_rows_avx512<A: ActFormat>(
     blocks: &mut [A::Block],
     gemm: &impl Fn(usize) -> bool,
 ) {
-    for (j, (x, out)) in xs
-        .chunks_exact(k)
-        .zip(blocks.chunks_exact_mut(per_row))
-        .enumerate()
-    {
-        A::quantize_row_avx512(x, out, gemm(j));
-    }
+    // SAFETY: the caller's features are this function's.
+    quantize_rows::<A>(xs, k, per_row, blocks, gemm, |x, out, g| unsafe {
+        A::quantize_row_avx512(x, out, g)
+    });
 }
 
 /// A Q8_0 or Q8_1 block: `d` and `s` already widened from their f16 (as ggml's dot
