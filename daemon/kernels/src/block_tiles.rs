@@ -140,7 +140,7 @@ pub unsafe fn block_rows<U: BiasedBlock>(
 /// `out[(r − features.start) · stride + (j − rows.start)] = vec_dot(w_r, a_j)`.
 ///
 /// # Safety
-/// As [`block_rows`]; `w` must hold the rows `features` in that layout.
+/// As [`block_rows`] (the rows `features` are checked to lie inside `w`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn block_rows_in<U: BiasedBlock>(
     w: &[u8],
@@ -152,21 +152,12 @@ pub unsafe fn block_rows_in<U: BiasedBlock>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let n = (row_bytes / U::BYTES).min(a.k() / 32);
-    let wrows = Rows {
-        p: w.as_ptr(),
-        row_bytes,
-        first: features.start,
-        len: features.len(),
-        group: group.max(1),
-        block: U::BYTES,
-    };
     let dst = Dst {
         p: out.as_mut_ptr(),
         f_stride: stride,
         j_stride: 1,
     };
-    tiles_to::<U>(wrows, n, a, rows, dst);
+    tiles_to::<U>(w, row_bytes, group, features, a, rows, dst);
 }
 
 /// [`block_rows_in`] written row-major into `out`, which must hold `features` × `rows`
@@ -190,21 +181,12 @@ pub unsafe fn block_rows_to<U: BiasedBlock>(
     // Both corners held, so every output between them is.
     let _ = out.at(rows.end - 1, features.end - 1);
     let (p, ld) = out.at(rows.start, features.start);
-    let n = (row_bytes / U::BYTES).min(a.k() / 32);
-    let wrows = Rows {
-        p: w.as_ptr(),
-        row_bytes,
-        first: features.start,
-        len: features.len(),
-        group: group.max(1),
-        block: U::BYTES,
-    };
     let dst = Dst {
         p,
         f_stride: 1,
         j_stride: ld,
     };
-    tiles_to::<U>(wrows, n, a, rows, dst);
+    tiles_to::<U>(w, row_bytes, group, features, a, rows, dst);
 }
 
 /// Where the tiles write: output (weight row `i`, activation row `j`), both counted
@@ -227,15 +209,36 @@ impl Dst {
     }
 }
 
-/// The decode or prefill tiles of `wrows` × `rows` into `dst`.
+/// The decode or prefill tiles of the weight rows `features` (of `w`, in groups of
+/// `group`) × the activation rows `rows` into `dst`.
+///
+/// # Panics
+/// If the groups holding `features` are not inside `w`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tiles_to<U: BiasedBlock>(
-    wrows: Rows,
-    n: usize,
+    w: &[u8],
+    row_bytes: usize,
+    group: Interleave,
+    features: Range<usize>,
     a: &Activations<Q8_0>,
     rows: Range<usize>,
     dst: Dst,
 ) {
+    let group = group.max(1);
+    assert!(
+        features.end.div_ceil(group) * group * row_bytes <= w.len(),
+        "rows {features:?} beyond the matrix"
+    );
+    let n = (row_bytes / U::BYTES).min(a.k() / 32);
+    let wrows = Rows {
+        p: w.as_ptr(),
+        row_bytes,
+        first: features.start,
+        len: features.len(),
+        group,
+        block: U::BYTES,
+    };
     if rows.len() >= PREFILL_MIN {
         prefill_rows::<U>(wrows, n, a, rows, dst);
     } else {

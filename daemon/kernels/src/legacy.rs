@@ -150,19 +150,14 @@ macro_rules! legacy_quant {
             ) {
                 #[cfg(target_arch = "x86_64")]
                 if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
-                    let g = group.max(1);
-                    assert!(
-                        features.end.div_ceil(g) * g * row_bytes <= w.len(),
-                        "rows {features:?} beyond the matrix"
-                    );
                     let need = features.len().saturating_sub(1) * stride + rows.len();
                     assert!(out.len() >= need, "output of {} values, {need} needed", out.len());
                     // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
-                    // F16C; whole blocks per row, the groups holding `features` inside `w`
-                    // and the output length are checked.
+                    // F16C; whole blocks per row and the output length are checked here,
+                    // the rows inside `w` by `block_rows_in`.
                     return unsafe {
                         $crate::block_tiles::block_rows_in::<$biased>(
-                            w, row_bytes, g, features, a, rows, out, stride,
+                            w, row_bytes, group, features, a, rows, out, stride,
                         )
                     };
                 }
@@ -191,17 +186,12 @@ macro_rules! legacy_quant {
             ) -> bool {
                 #[cfg(target_arch = "x86_64")]
                 if isa == $crate::Isa::Avx512 && row_bytes % $bytes == 0 {
-                    let g = group.max(1);
-                    assert!(
-                        features.end.div_ceil(g) * g * row_bytes <= w.len(),
-                        "rows {features:?} beyond the matrix"
-                    );
                     // SAFETY: `Isa::Avx512` means AVX-512 F/BW/VL/VNNI, AVX2, FMA and
-                    // F16C; whole blocks per row and the groups holding `features` inside
-                    // `w` are checked, the outputs by `block_rows_to`.
+                    // F16C; whole blocks per row are checked here, the rows inside `w`
+                    // and the outputs by `block_rows_to`.
                     unsafe {
                         $crate::block_tiles::block_rows_to::<$biased>(
-                            w, row_bytes, g, features, a, rows, out,
+                            w, row_bytes, group, features, a, rows, out,
                         )
                     };
                     return true;
