@@ -5,6 +5,7 @@
 use candle_core::{Device, Tensor};
 
 use super::kv_pool::{ForwardSeq, KvBlockPool};
+use super::layers::Linear;
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
@@ -180,16 +181,17 @@ pub fn project_rows(
     p: &Projection,
     batch: &[BatchRow],
 ) -> candle_core::Result<Vec<Vec<f32>>> {
-    match p {
-        Projection::Fused { matrix, widths } => {
-            let all = matrix.forward_host_batch(x, n, batch)?;
-            Ok(split_rows(&all, n, widths))
+    let mut out = Vec::with_capacity(p.n_parts());
+    for l in &p.0 {
+        let y = l.forward_host(x, n, batch)?;
+        if l.parts.len() == 1 {
+            out.push(y);
+        } else {
+            let widths: Vec<usize> = l.widths().collect();
+            out.extend(split_rows(&y, n, &widths));
         }
-        Projection::Separate(ms) => ms
-            .iter()
-            .map(|m| m.forward_host_batch(x, n, batch))
-            .collect(),
     }
+    Ok(out)
 }
 
 /// The gated MLP of host rows `x` through `gate_up` and `down`.
@@ -197,7 +199,7 @@ pub fn mlp_rows(
     x: &[f32],
     n: usize,
     gate_up: &Projection,
-    down: &Matrix,
+    down: &Linear,
     act: Activation,
     numerics: Numerics,
 ) -> candle_core::Result<Vec<f32>> {
@@ -205,7 +207,7 @@ pub fn mlp_rows(
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
-    down.forward_host(&glu_rows(g, u, n, act, numerics), n)
+    down.forward_host(&glu_rows(g, u, n, act, numerics), n, &[])
 }
 
 impl Backend for HostBackend<'_> {
@@ -248,9 +250,9 @@ impl Backend for HostBackend<'_> {
             .collect())
     }
 
-    fn matmul(&mut self, x: &Rows, m: &Matrix) -> candle_core::Result<Rows> {
+    fn matmul(&mut self, x: &Rows, m: &Linear) -> candle_core::Result<Rows> {
         Ok(Rows {
-            v: m.forward_host_batch(&x.v, x.n, self.batch_for(x.n))?,
+            v: m.forward_host(&x.v, x.n, self.batch_for(x.n))?,
             n: x.n,
         })
     }
@@ -315,10 +317,11 @@ impl Backend for HostBackend<'_> {
         gate_up: &Projection,
         act: Activation,
     ) -> candle_core::Result<Rows> {
-        if let Projection::Fused { matrix, widths } = gate_up {
-            if let &[g, u] = widths.as_slice() {
-                if g == u {
-                    let all = matrix.forward_host_batch(&x.v, x.n, self.batch_for(x.n))?;
+        if let [fused] = gate_up.0.as_slice() {
+            if let &[g, u] = fused.parts.as_slice() {
+                let g = g.width;
+                if g == u.width {
+                    let all = fused.forward_host(&x.v, x.n, self.batch_for(x.n))?;
                     let v = glu_rows_by(x.n, g, act, self.numerics, |r| {
                         let row = &all[r * 2 * g..(r + 1) * 2 * g];
                         row.split_at(g)
@@ -335,7 +338,7 @@ impl Backend for HostBackend<'_> {
             candle_core::bail!("MoE weights without an MoE spec");
         };
         let e = x.width();
-        let logits = w.router.forward_host(&x.v, x.n)?;
+        let logits = w.router.forward_host(&x.v, x.n, &[])?;
         let Route { per_expert } = route(&logits, x.n, m);
         let mut out = vec![0f32; x.v.len()];
         // Expert by expert over the tokens routed to it (transformers'

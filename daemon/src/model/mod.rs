@@ -6,13 +6,15 @@
 //! in the `inferd-kernels` crate (`daemon/kernels`); nothing here names a quant type.
 //!
 //! Layout: `spec.rs` (what differs between architectures, as data), `source/` (GGUF and
-//! HF readers), `weights.rs` (the internal layout), `matrix.rs` (the one matrix type:
+//! HF readers), `weights.rs` (the internal layout), `layers/` (`Linear`: the one place a matrix is
+//! applied), `matrix.rs` (the one matrix type:
 //! `inferd_kernels::CpuMatrix` on the CPU, candle's on other devices and for Hugging
 //! Face weights), `transformer.rs` (the decoder loop), `host.rs` / `ops.rs` (its
 //! backends), `rope.rs`, `moe.rs`, `kv_pool.rs` (with the door to the CPU attention).
 
 pub mod host;
 pub mod kv_pool;
+pub mod layers;
 pub mod matrix;
 pub mod moe;
 pub mod ops;

@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use super::kv_pool::{ForwardSeq, KvBlockPool};
+use super::layers::Linear;
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
@@ -80,7 +81,7 @@ fn attention_mask(
 fn mlp(
     x: &Tensor,
     gate_up: &Projection,
-    down: &Matrix,
+    down: &Linear,
     act: Activation,
     host_ops: bool,
 ) -> candle_core::Result<Tensor> {
@@ -99,21 +100,20 @@ fn on_host(x: &Tensor, f: impl FnOnce(&[f32], usize) -> Vec<f32>) -> candle_core
 }
 
 fn project(x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
-    match p {
-        Projection::Fused { matrix, widths } => {
-            let all = matrix.forward(x)?;
-            let mut at = 0;
-            widths
-                .iter()
-                .map(|&w| {
-                    let part = all.narrow(D::Minus1, at, w)?.contiguous();
-                    at += w;
-                    part
-                })
-                .collect()
+    let mut out = Vec::with_capacity(p.n_parts());
+    for l in &p.0 {
+        let all = l.forward(x)?;
+        if l.parts.len() == 1 {
+            out.push(all);
+            continue;
         }
-        Projection::Separate(ms) => ms.iter().map(|m| m.forward(x)).collect(),
+        let mut at = 0;
+        for w in l.widths() {
+            out.push(all.narrow(D::Minus1, at, w)?.contiguous()?);
+            at += w;
+        }
     }
+    Ok(out)
 }
 
 fn glu(g: &Tensor, u: &Tensor, act: Activation, host_ops: bool) -> candle_core::Result<Tensor> {
@@ -228,7 +228,7 @@ impl Backend for TensorBackend<'_> {
         project(x, p)
     }
 
-    fn matmul(&mut self, x: &Tensor, m: &Matrix) -> candle_core::Result<Tensor> {
+    fn matmul(&mut self, x: &Tensor, m: &Linear) -> candle_core::Result<Tensor> {
         m.forward(x)
     }
 

@@ -266,8 +266,9 @@ fn tensor_backend_matches_transformers_on_every_architecture() {
 /// `model.quantize = "q8_0"` turns the matrices into Q8_0.
 #[test]
 fn half_precision_checkpoints_stay_half_and_q8_0_quantizes() {
+    use super::layers::Linear;
     use super::matrix::{Kernels, Matrix, Quantize};
-    use super::weights::{Ffn, Projection};
+    use super::weights::Ffn;
     use candle_core::DType;
     let src = tiny_dir("qwen3");
     let reference = crate::test_support::fixture_json("tiny-models/qwen3/reference.json");
@@ -279,7 +280,11 @@ fn half_precision_checkpoints_stay_half_and_q8_0_quantizes() {
     let first_matrix = |m: &Model| -> DType {
         match &m.weights.layers[0].ffn {
             Ffn::Dense {
-                down: Matrix::Dense(t),
+                down:
+                    Linear {
+                        base: Matrix::Dense(t),
+                        ..
+                    },
                 ..
             } => t.dtype(),
             other => panic!("expected a dense down projection, got {other:?}"),
@@ -309,11 +314,11 @@ fn half_precision_checkpoints_stay_half_and_q8_0_quantizes() {
     };
     let m = load(&src, &opts).expect("q8_0").model;
     assert!(matches!(
-        m.weights.layers[0].qkv,
-        Projection::Fused {
-            matrix: Matrix::Cpu(inferd_kernels::CpuMatrix::Ggml(_)),
-            ..
-        }
+        m.weights.layers[0].qkv.0.as_slice(),
+        [Linear {
+            base: Matrix::Cpu(inferd_kernels::CpuMatrix::Ggml(_)),
+            parts,
+        }] if parts.len() == 3
     ));
     let d = rel_diff(&all_logits(&m, &input)[input.len() - 1], &theirs);
     eprintln!("Q8_0: relative logit difference {d:.2e}");

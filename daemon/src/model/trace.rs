@@ -6,6 +6,7 @@
 use candle_core::Tensor;
 
 use super::host::{HostBackend, Rows};
+use super::layers::Linear;
 use super::matrix::Matrix;
 use super::rope::RopeTable;
 use super::spec::{Activation, ModelSpec};
@@ -101,7 +102,7 @@ impl Backend for TraceBackend<'_> {
         Ok(parts)
     }
 
-    fn matmul(&mut self, x: &Rows, m: &Matrix) -> candle_core::Result<Rows> {
+    fn matmul(&mut self, x: &Rows, m: &Linear) -> candle_core::Result<Rows> {
         let y = self.inner.matmul(x, m)?;
         let name = if self.adds_in_layer == 0 {
             "attn_out"

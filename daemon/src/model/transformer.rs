@@ -12,6 +12,7 @@
 use candle_core::{Device, Tensor};
 
 use super::kv_pool::{ForwardSeq, KvBlockPool, KvDtype, KvLayout, SoloKv};
+use super::layers::Linear;
 use super::matrix::Matrix;
 use super::rope::RopeTable;
 use super::spec::{Activation, ModelSpec};
@@ -41,8 +42,8 @@ pub trait Backend {
     ) -> candle_core::Result<Self::Act>;
     /// The projections of `x`, one activation per part.
     fn project(&mut self, x: &Self::Act, p: &Projection) -> candle_core::Result<Vec<Self::Act>>;
-    /// `x · Wᵀ`.
-    fn matmul(&mut self, x: &Self::Act, m: &Matrix) -> candle_core::Result<Self::Act>;
+    /// `x · Wᵀ` through the linear layer.
+    fn matmul(&mut self, x: &Self::Act, m: &Linear) -> candle_core::Result<Self::Act>;
     /// `x + b` per row.
     fn add_bias(&mut self, x: Self::Act, b: &Vector) -> candle_core::Result<Self::Act>;
     /// `x += y`.

@@ -4,9 +4,12 @@
 
 use candle_core::{Device, Tensor};
 
+use super::layers::{Linear, Part, Proj, Site};
 use super::matrix::{Matrix, MatrixPolicy, RawMatrix};
 use super::spec::ModelSpec;
 use super::ModelError;
+
+pub use super::layers::Projection;
 
 /// What a tensor is, independent of the file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,29 +116,13 @@ impl Vector {
     }
 }
 
-/// Projections applied to the same input: one fused matrix when the parts share a
-/// stored type, else one matrix each.
-#[derive(Debug)]
-pub enum Projection {
-    /// One matrix whose rows are the parts' rows in order; `widths` are the parts'
-    /// output widths.
-    Fused {
-        /// The stacked matrix.
-        matrix: Matrix,
-        /// Output width of each part.
-        widths: Vec<usize>,
-    },
-    /// The parts' own matrices.
-    Separate(Vec<Matrix>),
-}
-
 /// The MoE MLP of one layer.
 #[derive(Debug)]
 pub struct MoeWeights {
     /// Router `(n_expert, n_embd)`.
-    pub router: Matrix,
+    pub router: Linear,
     /// Per expert: gate/up and down.
-    pub experts: Vec<(Projection, Matrix)>,
+    pub experts: Vec<(Projection, Linear)>,
 }
 
 /// A layer's MLP.
@@ -146,7 +133,7 @@ pub enum Ffn {
         /// Gate and up.
         gate_up: Projection,
         /// Down.
-        down: Matrix,
+        down: Linear,
     },
     /// Mixture of experts.
     Moe(MoeWeights),
@@ -164,7 +151,7 @@ pub struct LayerWeights {
     /// Per-head q and k norms.
     pub qk_norm: Option<[Vector; 2]>,
     /// Attention output.
-    pub attn_output: Matrix,
+    pub attn_output: Linear,
     /// Norm of the attention output (Gemma).
     pub post_attn_norm: Option<Vector>,
     /// Norm before the MLP.
@@ -194,7 +181,7 @@ pub struct Weights {
     /// Final norm.
     pub output_norm: Vector,
     /// Output head `(vocab, n_embd)`.
-    pub output: Matrix,
+    pub output: Linear,
 }
 
 impl Weights {
@@ -202,7 +189,7 @@ impl Weights {
     pub fn embedding_matrix(&self) -> &Matrix {
         match &self.embedding {
             Embedding::Own(m) => m,
-            Embedding::Output => &self.output,
+            Embedding::Output => &self.output.base,
         }
     }
 }
@@ -226,12 +213,12 @@ pub fn build<S: WeightSource>(
     let output_norm = b.vector(Role::OutputNorm, e)?;
     let vocab = spec.vocab_size;
     let (embedding, output) = if b.src.has(Role::Output) {
-        let out = b.matrix(Role::Output, vocab, e)?;
+        let out = Linear::single(b.matrix(Role::Output, vocab, e)?, None);
         let raw = b.src.matrix(Role::TokenEmbd, vocab, e)?;
         (Embedding::Own(lookup_matrix(raw, device)?), out)
     } else {
-        let out = b.matrix(Role::TokenEmbd, vocab, e)?;
-        if device.is_cpu() && out.rows_readable() {
+        let out = Linear::single(b.matrix(Role::TokenEmbd, vocab, e)?, None);
+        if device.is_cpu() && out.base.rows_readable() {
             (Embedding::Output, out)
         } else {
             // Some CPU layouts cannot hand out rows, and a device copy would be read back
@@ -279,6 +266,14 @@ impl<S: WeightSource> Builder<'_, S> {
         self.kernel(role, raw)
     }
 
+    /// The matrix of `role` as a one-part linear layer, adaptable at its site.
+    fn linear(&mut self, role: Role, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        Ok(Linear::single(
+            self.matrix(role, rows, cols)?,
+            site_of(role),
+        ))
+    }
+
     fn kernel(&self, role: Role, raw: RawMatrix) -> Result<Matrix, ModelError> {
         Matrix::build(raw, self.policy, self.device).map_err(|e| ModelError::Tensor {
             name: self.src.name(role).unwrap_or_else(|| format!("{role:?}")),
@@ -299,13 +294,19 @@ impl<S: WeightSource> Builder<'_, S> {
         parts: &[(Role, usize)],
         cols: usize,
     ) -> Result<Projection, ModelError> {
-        let widths: Vec<usize> = parts.iter().map(|p| p.1).collect();
+        let all: Vec<Part> = parts
+            .iter()
+            .map(|&(r, width)| Part {
+                site: site_of(r),
+                width,
+            })
+            .collect();
         if let Some(f) = fused.filter(|&f| self.src.has(f)) {
-            let rows = widths.iter().sum();
-            return Ok(Projection::Fused {
-                matrix: self.matrix(f, rows, cols)?,
-                widths,
-            });
+            let rows = all.iter().map(|p| p.width).sum();
+            return Ok(Projection(vec![Linear {
+                base: self.matrix(f, rows, cols)?,
+                parts: all,
+            }]));
         }
         let raws = parts
             .iter()
@@ -316,15 +317,15 @@ impl<S: WeightSource> Builder<'_, S> {
             name: self.src.name(first).unwrap_or_default(),
             message: super::candle_error_message(&e),
         })? {
-            Ok(raw) => Ok(Projection::Fused {
-                matrix: self.kernel(first, raw)?,
-                widths,
-            }),
-            Err(raws) => Ok(Projection::Separate(
+            Ok(raw) => Ok(Projection(vec![Linear {
+                base: self.kernel(first, raw)?,
+                parts: all,
+            }])),
+            Err(raws) => Ok(Projection(
                 raws.into_iter()
                     .zip(parts)
-                    .map(|(raw, &(r, _))| self.kernel(r, raw))
-                    .collect::<Result<_, _>>()?,
+                    .map(|(raw, &(r, _))| Ok(Linear::single(self.kernel(r, raw)?, site_of(r))))
+                    .collect::<Result<_, ModelError>>()?,
             )),
         }
     }
@@ -367,10 +368,10 @@ impl<S: WeightSource> Builder<'_, S> {
                     &[(r(L::Gate), spec.n_ff), (r(L::Up), spec.n_ff)],
                     e,
                 )?,
-                down: self.matrix(r(L::Down), e, spec.n_ff)?,
+                down: self.linear(r(L::Down), e, spec.n_ff)?,
             },
             Some(m) => {
-                let router = self.matrix(r(L::Router), m.n_expert, e)?;
+                let router = self.linear(r(L::Router), m.n_expert, e)?;
                 let f = m.n_ff_expert;
                 let experts = (0..m.n_expert)
                     .map(|x| {
@@ -381,7 +382,7 @@ impl<S: WeightSource> Builder<'_, S> {
                                 &[(er(ExpertRole::Gate), f), (er(ExpertRole::Up), f)],
                                 e,
                             )?,
-                            self.matrix(er(ExpertRole::Down), e, f)?,
+                            self.linear(er(ExpertRole::Down), e, f)?,
                         ))
                     })
                     .collect::<Result<Vec<_>, ModelError>>()?;
@@ -393,11 +394,31 @@ impl<S: WeightSource> Builder<'_, S> {
             qkv,
             qkv_bias,
             qk_norm,
-            attn_output: self.matrix(r(L::AttnOutput), e, q)?,
+            attn_output: self.linear(r(L::AttnOutput), e, q)?,
             post_attn_norm: post(self, L::PostAttnNorm)?,
             ffn_norm: self.vector(r(L::FfnNorm), e)?,
             ffn,
             post_ffn_norm: post(self, L::PostFfnNorm)?,
         })
     }
+}
+
+/// The adapter site of a tensor role: the seven projections of a block (a file's fused
+/// QKV or gate/up tensor is split into its parts' sites by the caller); none for the
+/// rest.
+fn site_of(role: Role) -> Option<Site> {
+    let Role::Layer(layer, r) = role else {
+        return None;
+    };
+    let proj = match r {
+        LayerRole::Q => Proj::Q,
+        LayerRole::K => Proj::K,
+        LayerRole::V => Proj::V,
+        LayerRole::AttnOutput => Proj::O,
+        LayerRole::Gate => Proj::Gate,
+        LayerRole::Up => Proj::Up,
+        LayerRole::Down => Proj::Down,
+        _ => return None,
+    };
+    Some(Site { layer, proj })
 }
