@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::layers::Linear;
+use super::lora::RowAdapters;
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
@@ -39,6 +40,8 @@ pub struct HostBackend<'a> {
     /// ([`inferd_kernels::ubatch`]), so that matrix products take llama.cpp's kernel per row;
     /// empty otherwise (every product through `vec_dot`).
     batch: Vec<BatchRow>,
+    /// Each current row's LoRA adapter.
+    adapters: RowAdapters<'a>,
 }
 
 impl<'a> HostBackend<'a> {
@@ -63,6 +66,7 @@ impl<'a> HostBackend<'a> {
             positions,
             numerics,
             batch,
+            adapters: RowAdapters::new(seqs),
         }
     }
 
@@ -174,16 +178,18 @@ fn split_rows(all: &[f32], n: usize, widths: &[usize]) -> Vec<Vec<f32>> {
 }
 
 /// The projections of host rows `x` (`n` rows), one row-major array per part; each row
-/// on llama.cpp's kernel for its micro-batch place `batch[j]` (empty: `vec_dot`).
+/// on llama.cpp's kernel for its micro-batch place `batch[j]` (empty: `vec_dot`), with
+/// its adapter's delta.
 pub fn project_rows(
     x: &[f32],
     n: usize,
     p: &Projection,
     batch: &[BatchRow],
+    adapters: &RowAdapters<'_>,
 ) -> candle_core::Result<Vec<Vec<f32>>> {
     let mut out = Vec::with_capacity(p.n_parts());
     for l in &p.0 {
-        let y = l.forward_host(x, n, batch)?;
+        let y = l.forward_host(x, n, batch, adapters)?;
         if l.parts.len() == 1 {
             out.push(y);
         } else {
@@ -194,7 +200,8 @@ pub fn project_rows(
     Ok(out)
 }
 
-/// The gated MLP of host rows `x` through `gate_up` and `down`.
+/// The gated MLP of host rows `x` through `gate_up` and `down` (an MoE expert's: no
+/// adapter applies).
 pub fn mlp_rows(
     x: &[f32],
     n: usize,
@@ -203,11 +210,12 @@ pub fn mlp_rows(
     act: Activation,
     numerics: Numerics,
 ) -> candle_core::Result<Vec<f32>> {
-    let parts = project_rows(x, n, gate_up, &[])?;
+    let none = RowAdapters::default();
+    let parts = project_rows(x, n, gate_up, &[], &none)?;
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
-    down.forward_host(&glu_rows(g, u, n, act, numerics), n, &[])
+    down.forward_host(&glu_rows(g, u, n, act, numerics), n, &[], &none)
 }
 
 impl Backend for HostBackend<'_> {
@@ -244,15 +252,17 @@ impl Backend for HostBackend<'_> {
     }
 
     fn project(&mut self, x: &Rows, p: &Projection) -> candle_core::Result<Vec<Rows>> {
-        Ok(project_rows(&x.v, x.n, p, self.batch_for(x.n))?
-            .into_iter()
-            .map(|v| Rows { v, n: x.n })
-            .collect())
+        Ok(
+            project_rows(&x.v, x.n, p, self.batch_for(x.n), &self.adapters)?
+                .into_iter()
+                .map(|v| Rows { v, n: x.n })
+                .collect(),
+        )
     }
 
     fn matmul(&mut self, x: &Rows, m: &Linear) -> candle_core::Result<Rows> {
         Ok(Rows {
-            v: m.forward_host(&x.v, x.n, self.batch_for(x.n))?,
+            v: m.forward_host(&x.v, x.n, self.batch_for(x.n), &self.adapters)?,
             n: x.n,
         })
     }
@@ -321,7 +331,7 @@ impl Backend for HostBackend<'_> {
             if let &[g, u] = fused.parts.as_slice() {
                 let g = g.width;
                 if g == u.width {
-                    let all = fused.forward_host(&x.v, x.n, self.batch_for(x.n))?;
+                    let all = fused.forward_host(&x.v, x.n, self.batch_for(x.n), &self.adapters)?;
                     let v = glu_rows_by(x.n, g, act, self.numerics, |r| {
                         let row = &all[r * 2 * g..(r + 1) * 2 * g];
                         row.split_at(g)
@@ -338,7 +348,9 @@ impl Backend for HostBackend<'_> {
             candle_core::bail!("MoE weights without an MoE spec");
         };
         let e = x.width();
-        let logits = w.router.forward_host(&x.v, x.n, &[])?;
+        let logits = w
+            .router
+            .forward_host(&x.v, x.n, &[], &RowAdapters::default())?;
         let Route { per_expert } = route(&logits, x.n, m);
         let mut out = vec![0f32; x.v.len()];
         // Expert by expert over the tokens routed to it (transformers'
@@ -384,6 +396,7 @@ impl Backend for HostBackend<'_> {
         if !self.batch.is_empty() {
             self.batch = vec![BatchRow::SINGLE; rows.len()];
         }
+        self.adapters = self.adapters.select(rows);
         self.rows(x, rows)
     }
 

@@ -85,6 +85,9 @@ pub struct ForwardSeq<'a> {
     /// ([`inferd_kernels::attention::tiled`]); this depends only on the position and the
     /// prompt length, never on how the prompt is chunked.
     pub prompt_len: usize,
+    /// The LoRA adapter this sequence runs with (and its scale); `None` for the base
+    /// model. Its K/V differ from the base's, so the caller keeps its blocks apart.
+    pub adapter: Option<crate::model::lora::AdapterUse<'a>>,
 }
 
 impl<'a> ForwardSeq<'a> {
@@ -721,6 +724,7 @@ pub(super) mod tests {
             block_table: &[2],
             logit_rows: 0,
             prompt_len: 0,
+            adapter: None,
         };
         let k = [0.1f32, 0.2, 0.3, 1e-9, -5.0, 6.0, 7.0, 8.0];
         pool.write_host(0, &[seq], &k, &k).unwrap();
@@ -750,6 +754,7 @@ pub(super) mod tests {
             block_table: &table,
             logit_rows: 0,
             prompt_len: 0,
+            adapter: None,
         };
         for layer in 0..2 {
             let k = rand_vec(8 * 16, 10 + layer as u32);

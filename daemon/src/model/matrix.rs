@@ -135,6 +135,60 @@ impl RawMatrix {
         }
     }
 
+    /// The matrix cut into consecutive row blocks of `widths` rows (ggml rows are
+    /// whole blocks, so a quantized matrix is cut between its rows' bytes).
+    ///
+    /// # Errors
+    /// `widths` not summing to the row count, or a device error.
+    pub fn split_rows(&self, widths: &[usize]) -> candle_core::Result<Vec<RawMatrix>> {
+        let (n, k) = self.dims()?;
+        if widths.iter().sum::<usize>() != n {
+            candle_core::bail!("cannot cut {n} rows into parts of {widths:?}");
+        }
+        let mut out = Vec::with_capacity(widths.len());
+        let mut at = 0;
+        match self {
+            RawMatrix::Dense(t) => {
+                for &w in widths {
+                    out.push(RawMatrix::Dense(t.narrow(0, at, w)?.contiguous()?));
+                    at += w;
+                }
+            }
+            RawMatrix::Quant(t) => {
+                let data = t.data()?;
+                let row = data.len().checked_div(n).unwrap_or(0);
+                for &w in widths {
+                    let bytes = &data[at * row..(at + w) * row];
+                    out.push(RawMatrix::Quant(qtensor_from_bytes(
+                        t.dtype(),
+                        bytes,
+                        (w, k),
+                        &t.device(),
+                    )?));
+                    at += w;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A copy (a quantized matrix's bytes copied; a dense tensor shared).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn try_clone(&self) -> candle_core::Result<RawMatrix> {
+        let (n, k) = self.dims()?;
+        Ok(match self {
+            RawMatrix::Dense(t) => RawMatrix::Dense(t.clone()),
+            RawMatrix::Quant(t) => RawMatrix::Quant(qtensor_from_bytes(
+                t.dtype(),
+                &t.data()?,
+                (n, k),
+                &t.device(),
+            )?),
+        })
+    }
+
     /// Dequantized to f32 on `device`.
     ///
     /// # Errors

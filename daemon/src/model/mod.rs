@@ -15,6 +15,7 @@
 pub mod host;
 pub mod kv_pool;
 pub mod layers;
+pub mod lora;
 pub mod matrix;
 pub mod moe;
 pub mod ops;
@@ -25,7 +26,7 @@ pub mod transformer;
 pub mod weights;
 
 #[cfg(test)]
-mod reference_tests;
+pub(crate) mod reference_tests;
 #[cfg(test)]
 mod trace;
 #[cfg(test)]

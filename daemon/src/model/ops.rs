@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor, D};
 
 use super::kv_pool::{ForwardSeq, KvBlockPool};
 use super::layers::Linear;
+use super::lora::RowAdapters;
 use super::matrix::Matrix;
 use super::moe::{route, Route};
 use super::rope::RopeTable;
@@ -24,6 +25,8 @@ pub struct TensorBackend<'a> {
     /// ggml numerics run the host's element-wise ops when the device is the CPU (so
     /// this backend keeps giving the host backend's bits); candle's elsewhere.
     host_ops: bool,
+    /// Each current row's LoRA adapter.
+    adapters: RowAdapters<'a>,
 }
 
 impl<'a> TensorBackend<'a> {
@@ -45,6 +48,7 @@ impl<'a> TensorBackend<'a> {
             pos: Tensor::new(positions, device)?,
             device: device.clone(),
             host_ops: numerics == Numerics::Ggml && device.is_cpu(),
+            adapters: RowAdapters::new(seqs),
         })
     }
 }
@@ -85,11 +89,12 @@ fn mlp(
     act: Activation,
     host_ops: bool,
 ) -> candle_core::Result<Tensor> {
-    let parts = project(x, gate_up)?;
+    let none = RowAdapters::default();
+    let parts = project(x, gate_up, &none)?;
     let [g, u] = parts.as_slice() else {
         candle_core::bail!("gate/up projection has {} parts", parts.len());
     };
-    down.forward(&glu(g, u, act, host_ops)?)
+    down.forward(&glu(g, u, act, host_ops)?, &none)
 }
 
 /// `f` over the rows of a 2-D CPU tensor, as host values.
@@ -99,10 +104,14 @@ fn on_host(x: &Tensor, f: impl FnOnce(&[f32], usize) -> Vec<f32>) -> candle_core
     Tensor::from_vec(f(&v, n), (n, width), x.device())
 }
 
-fn project(x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
+fn project(
+    x: &Tensor,
+    p: &Projection,
+    adapters: &RowAdapters<'_>,
+) -> candle_core::Result<Vec<Tensor>> {
     let mut out = Vec::with_capacity(p.n_parts());
     for l in &p.0 {
-        let all = l.forward(x)?;
+        let all = l.forward(x, adapters)?;
         if l.parts.len() == 1 {
             out.push(all);
             continue;
@@ -225,11 +234,11 @@ impl Backend for TensorBackend<'_> {
     }
 
     fn project(&mut self, x: &Tensor, p: &Projection) -> candle_core::Result<Vec<Tensor>> {
-        project(x, p)
+        project(x, p, &self.adapters)
     }
 
     fn matmul(&mut self, x: &Tensor, m: &Linear) -> candle_core::Result<Tensor> {
-        m.forward(x)
+        m.forward(x, &self.adapters)
     }
 
     fn add_bias(&mut self, x: Tensor, b: &Vector) -> candle_core::Result<Tensor> {
@@ -294,7 +303,11 @@ impl Backend for TensorBackend<'_> {
             candle_core::bail!("MoE weights without an MoE spec");
         };
         let n = x.dim(0)?;
-        let logits = host(&w.router.forward(x)?.to_dtype(DType::F32)?)?;
+        let logits = host(
+            &w.router
+                .forward(x, &RowAdapters::default())?
+                .to_dtype(DType::F32)?,
+        )?;
         let Route { per_expert } = route(&logits, n, m);
         let mut out = x.zeros_like()?;
         for (ex, tokens) in per_expert.iter().enumerate() {
@@ -320,6 +333,11 @@ impl Backend for TensorBackend<'_> {
 
     fn rows(&mut self, x: &Tensor, rows: &[u32]) -> candle_core::Result<Tensor> {
         x.index_select(&Tensor::new(rows, &self.device)?, 0)
+    }
+
+    fn output_rows(&mut self, x: &Tensor, rows: &[u32]) -> candle_core::Result<Tensor> {
+        self.adapters = self.adapters.select(rows);
+        self.rows(x, rows)
     }
 
     fn logits(&mut self, x: Tensor, _rows: usize, cap: Option<f32>) -> candle_core::Result<Tensor> {

@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use serde_json::Value;
 
+use super::lora::AdapterUse;
 use super::{load, ForwardSeq, LoadOptions, MatrixPolicy, Model, SoloKv};
 use crate::test_support::{fixtures_dir, workspace_root};
 
-const ARCHS: [&str; 7] = [
+pub(crate) const ARCHS: [&str; 7] = [
     "llama",
     "mistral",
     "qwen2",
@@ -31,7 +32,7 @@ const REL_TOL: f32 = 1e-4;
 /// f32 GELU.
 const REL_TOL_GGML_GELU: f32 = 1e-3;
 
-fn ids(v: &Value) -> Vec<u32> {
+pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .expect("ids")
         .iter()
@@ -39,7 +40,7 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn floats(v: &Value) -> Vec<f32> {
+pub(crate) fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
         .expect("floats")
         .iter()
@@ -47,7 +48,7 @@ fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn load_model(path: &Path) -> Model {
+pub(crate) fn load_model(path: &Path) -> Model {
     let opts = LoadOptions {
         device: Device::Cpu,
         matrices: MatrixPolicy::default(),
@@ -58,7 +59,7 @@ fn load_model(path: &Path) -> Model {
 }
 
 /// Largest |ours − theirs| over `theirs`' largest magnitude.
-fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
+pub(crate) fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
     assert_eq!(ours.len(), theirs.len(), "vocabulary size");
     let scale = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
     let diff = ours
@@ -70,6 +71,15 @@ fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
 
 /// Logits of every position of `tokens` in one prefill, `(len, vocab)`.
 fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    all_logits_with(model, tokens, None)
+}
+
+/// [`all_logits`] with a LoRA adapter.
+pub(crate) fn all_logits_with(
+    model: &Model,
+    tokens: &[u32],
+    adapter: Option<AdapterUse<'_>>,
+) -> Vec<Vec<f32>> {
     let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
     let (pool, table, start) = cache.reserve(tokens.len()).expect("reserve");
     let seq = ForwardSeq {
@@ -78,6 +88,7 @@ fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         block_table: table,
         logit_rows: tokens.len(),
         prompt_len: tokens.len(),
+        adapter,
     };
     model
         .forward_batch(&[seq], pool)
@@ -100,10 +111,21 @@ fn argmax(v: &[f32]) -> u32 {
 /// Checks one model file or directory against `reference.json`; returns the worst
 /// relative logit difference.
 fn check(model: &Model, reference: &Value, what: &str, tol: f32) -> f32 {
+    check_with(model, reference, what, tol, None)
+}
+
+/// [`check`] with a LoRA adapter (its references have no chat prompts).
+pub(crate) fn check_with(
+    model: &Model,
+    reference: &Value,
+    what: &str,
+    tol: f32,
+    adapter: Option<AdapterUse<'_>>,
+) -> f32 {
     let mut worst = 0f32;
     for s in reference["sequences"].as_array().expect("sequences") {
         let input = ids(&s["input_ids"]);
-        let ours = all_logits(model, &input);
+        let ours = all_logits_with(model, &input, adapter);
         let name = s["name"].as_str().unwrap_or("?");
         let d = rel_diff(&ours[input.len() - 1], &floats(&s["last_logits"]));
         assert!(d <= tol, "{what} {name}: last logits differ by {d}");
@@ -116,9 +138,13 @@ fn check(model: &Model, reference: &Value, what: &str, tol: f32) -> f32 {
             }
         }
     }
-    for c in reference["chat"].as_array().expect("chat") {
+    let chats = match adapter {
+        None => reference["chat"].as_array().expect("chat").as_slice(),
+        Some(_) => &[],
+    };
+    for c in chats {
         let input = ids(&c["input_ids"]);
-        let ours = all_logits(model, &input);
+        let ours = all_logits_with(model, &input, adapter);
         let d = rel_diff(&ours[input.len() - 1], &floats(&c["last_logits"]));
         assert!(d <= tol, "{what} chat: last logits differ by {d}");
         worst = worst.max(d);
@@ -131,7 +157,7 @@ fn check(model: &Model, reference: &Value, what: &str, tol: f32) -> f32 {
     let mut got = Vec::new();
     for _ in 0..want.len() {
         let l = model
-            .forward(&next, &mut cache)
+            .forward_with(&next, &mut cache, adapter)
             .and_then(|t| t.to_vec1::<f32>())
             .expect("decode");
         let t = argmax(&l);
@@ -142,11 +168,11 @@ fn check(model: &Model, reference: &Value, what: &str, tol: f32) -> f32 {
     worst
 }
 
-fn tiny_dir(arch: &str) -> PathBuf {
+pub(crate) fn tiny_dir(arch: &str) -> PathBuf {
     fixtures_dir().join("tiny-models").join(arch)
 }
 
-fn tiny_gguf(arch: &str) -> PathBuf {
+pub(crate) fn tiny_gguf(arch: &str) -> PathBuf {
     workspace_root()
         .join("daemon/tests/fixtures/tiny-gguf")
         .join(format!("{arch}.gguf"))
@@ -244,6 +270,7 @@ fn tensor_backend_matches_transformers_on_every_architecture() {
                 block_table: &table,
                 logit_rows: rows,
                 prompt_len: 0,
+                adapter: None,
             };
             let out = model.forward_batch_ops(&[seq], &mut pool).expect("forward");
             if rows == 1 {

@@ -67,6 +67,7 @@ fn compare_with_llama_cpp_dump() {
         block_table: &table,
         logit_rows: 1,
         prompt_len: tokens.len(),
+        adapter: None,
     };
     let step: u32 = std::env::var("INFERD_LLAMA_STEP")
         .ok()
@@ -89,6 +90,7 @@ fn compare_with_llama_cpp_dump() {
                     block_table: &table,
                     logit_rows: 1,
                     prompt_len: tokens.len(),
+                    adapter: None,
                 }],
                 &mut KvBlockPool::new(&model.kv_layout(), 16, blocks, &Device::Cpu).expect("pool"),
             )
@@ -111,6 +113,7 @@ fn compare_with_llama_cpp_dump() {
             block_table: &table,
             logit_rows: 1,
             prompt_len: tokens.len(),
+            adapter: None,
         };
         ours = model.forward_traced(&[seq], &mut pool).expect("decode");
         tokens = vec![best];

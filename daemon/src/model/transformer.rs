@@ -198,6 +198,11 @@ impl Model {
         &self.spec
     }
 
+    /// `(out, in)` of every projection an adapter may target, by site.
+    pub fn site_shapes(&self) -> std::collections::HashMap<super::layers::Site, (usize, usize)> {
+        self.weights.site_shapes()
+    }
+
     /// The device holding the weights.
     pub fn device(&self) -> &Device {
         &self.device
@@ -209,6 +214,19 @@ impl Model {
     /// # Errors
     /// A candle error, no tokens, or the context window would be exceeded.
     pub fn forward(&self, tokens: &[u32], cache: &mut SoloKv) -> candle_core::Result<Tensor> {
+        self.forward_with(tokens, cache, None)
+    }
+
+    /// [`Self::forward`] with a LoRA adapter applied (`None`: the base model).
+    ///
+    /// # Errors
+    /// As [`Self::forward`].
+    pub fn forward_with(
+        &self,
+        tokens: &[u32],
+        cache: &mut SoloKv,
+        adapter: Option<super::lora::AdapterUse<'_>>,
+    ) -> candle_core::Result<Tensor> {
         let prompt_len = cache.prompt_len(tokens.len());
         let (pool, table, start) = cache.reserve(tokens.len())?;
         let seq = ForwardSeq {
@@ -217,6 +235,7 @@ impl Model {
             block_table: table,
             logit_rows: 1,
             prompt_len,
+            adapter,
         };
         let logits = self.forward_batch(&[seq], pool)?;
         cache.advance(tokens.len());

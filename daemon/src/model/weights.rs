@@ -185,6 +185,29 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// `(out, in)` of every projection an adapter may target, by site (the MoE
+    /// experts, the router and the output head have none).
+    pub fn site_shapes(&self) -> std::collections::HashMap<Site, (usize, usize)> {
+        let mut out = std::collections::HashMap::new();
+        let mut add = |l: &Linear| {
+            let (_, k) = l.dims();
+            for p in &l.parts {
+                if let Some(s) = p.site {
+                    out.insert(s, (p.width, k));
+                }
+            }
+        };
+        for w in &self.layers {
+            w.qkv.0.iter().for_each(&mut add);
+            add(&w.attn_output);
+            if let Ffn::Dense { gate_up, down } = &w.ffn {
+                gate_up.0.iter().for_each(&mut add);
+                add(down);
+            }
+        }
+        out
+    }
+
     /// The matrix embedding rows come from.
     pub fn embedding_matrix(&self) -> &Matrix {
         match &self.embedding {

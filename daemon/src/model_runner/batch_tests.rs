@@ -285,6 +285,7 @@ fn host_path_equals_tensor_ops_path_bit_for_bit() {
                     block_table: &tables[i],
                     logit_rows: usize::from(i != 1),
                     prompt_len: prompts[i].len(),
+                    adapter: None,
                 })
                 .collect();
             let [host_pool, ops_pool] = &mut pools;

@@ -56,6 +56,7 @@ fn step(
             block_table: table,
             logit_rows: rows,
             prompt_len: PROBE_PROMPT,
+            adapter: None,
         };
         model.forward_batch(&[seq], pool).map(drop)
     })
@@ -70,6 +71,7 @@ fn prefill(model: &Model, pool: &mut KvBlockPool, table: &[u32]) -> candle_core:
         block_table: table,
         logit_rows: 1,
         prompt_len: PROBE_PROMPT,
+        adapter: None,
     };
     model.forward_batch(&[seq], pool).map(drop)
 }

@@ -238,6 +238,7 @@ impl ModelRunner {
                 block_table: &i.block_table,
                 logit_rows: i.logit_rows,
                 prompt_len: i.prompt_len,
+                adapter: None,
             })
             .collect();
         let result = self
@@ -325,6 +326,7 @@ impl ModelRunner {
                     block_table: &items[*i].block_table,
                     logit_rows: 1,
                     prompt_len: items[*i].prompt_len,
+                    adapter: None,
                 })
                 .collect();
             let rows = match model.forward_batch(&seqs, pool)? {

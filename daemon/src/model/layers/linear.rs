@@ -7,6 +7,7 @@
 use candle_core::Tensor;
 use inferd_kernels::BatchRow;
 
+use crate::model::lora::{self, RowAdapters};
 use crate::model::matrix::Matrix;
 
 /// The seven projections of a transformer block an adapter may target (PEFT's
@@ -93,7 +94,8 @@ impl Linear {
 
     /// Host rows `xs` `(rows, in)` → `(rows, out)`, each row on llama.cpp's kernel for
     /// its micro-batch place `batch[j]` (empty: `vec_dot`; see
-    /// [`Matrix::forward_host_batch`]).
+    /// [`Matrix::forward_host_batch`]), plus each row's adapter delta
+    /// ([`lora::apply::add_host`]).
     ///
     /// # Errors
     /// A candle error (shape mismatch, a non-CPU matrix).
@@ -102,16 +104,21 @@ impl Linear {
         xs: &[f32],
         rows: usize,
         batch: &[BatchRow],
+        adapters: &RowAdapters<'_>,
     ) -> candle_core::Result<Vec<f32>> {
-        self.base.forward_host_batch(xs, rows, batch)
+        let mut y = self.base.forward_host_batch(xs, rows, batch)?;
+        lora::apply::add_host(self, xs, rows, batch, adapters, &mut y)?;
+        Ok(y)
     }
 
-    /// `x` `(rows, in)` f32 → `(rows, out)` f32 on the matrix's device.
+    /// `x` `(rows, in)` f32 → `(rows, out)` f32 on the matrix's device, plus each row's
+    /// adapter delta ([`lora::apply::add_tensor`]).
     ///
     /// # Errors
     /// A candle error (shape mismatch, device).
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.base.forward(x)
+    pub fn forward(&self, x: &Tensor, adapters: &RowAdapters<'_>) -> candle_core::Result<Tensor> {
+        let y = self.base.forward(x)?;
+        lora::apply::add_tensor(self, x, adapters, y)
     }
 }
 
