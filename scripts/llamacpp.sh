@@ -30,7 +30,10 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_OPENMP=ON -DLLAMA_CURL
 # matrix kernels, and ggml uses them whenever the kernel grants the tile state; in our VMs
 # the first tile instruction then dies with SIGILL (llama-bench and llama-server crash on
 # the first product). So the build keeps everything -march=native gives but AMX.
-if echo | cc -march=native -dM -E - 2>/dev/null | grep -q __AMX_TILE__; then
+# (The macros are captured first: with pipefail, `cc ... | grep -q` fails whenever grep exits on
+# its match before cc has written the rest and cc dies of SIGPIPE - more than half the time.)
+native_macros="$(echo | cc -march=native -dM -E - 2>/dev/null || true)"
+if [[ $native_macros == *__AMX_TILE__* ]]; then
     no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     flags+=("-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
 fi
