@@ -37,6 +37,10 @@ if [[ -z "${INFERD_TEST_PYTHON:-}" ]]; then
     fi
 fi
 py="${INFERD_TEST_PYTHON:-target/pyenv/bin/python}"
+# model_runner::lora_parity_tests runs random GGUF LoRA adapters for the default model
+# (scripts/make-lora-gguf.py with gguf-py in target/lora-venv; a few seconds, files cached
+# in ~/.cache/inferd/lora and checked against daemon/tests/fixtures/lora-gguf/manifest.json).
+scripts/lora-gguf.sh files
 # The Python client (clients/python), installed as a user would, for its own tests.
 "$py" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./clients/python
 # tests/browser drives the page served at GET / in Debian's headless Chromium (Selenium

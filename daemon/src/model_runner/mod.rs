@@ -61,6 +61,8 @@ mod batch_tests;
 #[cfg(test)]
 mod gemma3_parity_tests;
 #[cfg(test)]
+mod lora_parity_tests;
+#[cfg(test)]
 mod parity_tests;
 #[cfg(test)]
 mod quant_parity_tests;

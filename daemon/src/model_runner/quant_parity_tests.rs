@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use candle_core::Device;
 
 use super::parity_tests::argmax;
+use crate::model::lora::{AdapterUse, LoraAdapter, LoraBase};
 use crate::model::{LoadOptions, MatrixPolicy, Model, SoloKv};
 use crate::test_support::{default_model_path, workspace_root};
 
@@ -35,7 +36,9 @@ fn quant_dir() -> PathBuf {
 fn model_path(label: &str, file: &str) -> PathBuf {
     match label {
         "Q4_1" => default_model_path(),
-        "gemma3-Q4_K_M" | "gemma3-Q4_K_M-swa-full" => workspace_root().join("models").join(file),
+        // The LoRA references' bases (`scripts/lora-gguf.sh`).
+        l if l.starts_with("smollm2-") => default_model_path(),
+        l if l.starts_with("gemma3-") => workspace_root().join("models").join(file),
         "qwen-coder-1.5b-Q4_K_M" => std::env::var_os("INFERD_MODEL_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| quant_dir().with_file_name("models"))
@@ -55,17 +58,17 @@ fn top1_and_prob(logits: &[f32], t: u32) -> (u32, f64, f64) {
 
 /// Results of one file.
 #[derive(Default)]
-struct FileResult {
+pub(super) struct FileResult {
     /// Free-running: tokens equal to llama.cpp's before the first difference, per prompt.
-    free: Vec<(usize, usize)>,
+    pub free: Vec<(usize, usize)>,
     /// Teacher-forced positions and those where our top-1 equals llama.cpp's.
-    positions: usize,
-    agree: usize,
+    pub positions: usize,
+    pub agree: usize,
     /// Disagreements at positions where llama.cpp's top-2 margin exceeded twice the
     /// file's probability bound.
-    clear_misses: Vec<String>,
+    pub clear_misses: Vec<String>,
     /// Largest |our p(llama.cpp's top-1) − llama.cpp's p1|.
-    max_dp: f64,
+    pub max_dp: f64,
 }
 
 /// What each file must reach (measured on this commit line; docs/performance.md has
@@ -122,9 +125,14 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-fn logits(model: &Model, tokens: &[u32], cache: &mut SoloKv) -> Vec<f32> {
+fn logits(
+    model: &Model,
+    tokens: &[u32],
+    cache: &mut SoloKv,
+    adapter: Option<AdapterUse<'_>>,
+) -> Vec<f32> {
     model
-        .forward(tokens, cache)
+        .forward_with(tokens, cache, adapter)
         .and_then(|t| t.to_vec1::<f32>())
         .expect("logits")
 }
@@ -135,6 +143,19 @@ fn check_file(label: &str, max_dp: f64) -> FileResult {
     let dir = std::env::var_os("INFERD_PARITY_REFS")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("daemon/tests/fixtures/quant-parity"));
+    check_fixture(&dir, label, max_dp)
+}
+
+/// Where `scripts/lora-gguf.sh files` puts the GGUF adapters.
+pub(super) fn lora_dir() -> PathBuf {
+    std::env::var_os("INFERD_LORA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| quant_dir().with_file_name("lora"))
+}
+
+/// [`check_file`] of `dir/<label>.json`; a fixture whose `meta.adapter` names a GGUF
+/// adapter runs with it at `meta.adapter.scale` (`scripts/lora-gguf.sh refs`).
+pub(super) fn check_fixture(dir: &std::path::Path, label: &str, max_dp: f64) -> FileResult {
     let at = dir.join(format!("{label}.json"));
     let text = std::fs::read_to_string(&at).expect("fixture");
     let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
@@ -151,6 +172,21 @@ fn check_file(label: &str, max_dp: f64) -> FileResult {
         matrices: MatrixPolicy::default(),
     };
     let model = crate::model::load(&path, &opts).expect("load").model;
+    let lora = fixture["meta"].get("adapter").map(|a| {
+        let file = lora_dir().join(a["file"].as_str().expect("adapter file"));
+        assert!(
+            file.is_file(),
+            "{} missing: run scripts/lora-gguf.sh files",
+            file.display()
+        );
+        let adapter = LoraAdapter::load(label, &file, &LoraBase::of(&model), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        (adapter, a["scale"].as_f64().expect("adapter scale") as f32)
+    });
+    let adapter = lora.as_ref().map(|(a, scale)| AdapterUse {
+        adapter: a,
+        scale: *scale,
+    });
     let mut r = FileResult::default();
     for prompt in fixture["prompts"].as_array().expect("prompts") {
         let name = prompt["id"].as_str().unwrap_or("?");
@@ -166,7 +202,7 @@ fn check_file(label: &str, max_dp: f64) -> FileResult {
         let mut cache = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
         let mut next = p.clone();
         for (i, (&want, pos)) in gen.iter().zip(positions).enumerate() {
-            let l = logits(&model, &next, &mut cache);
+            let l = logits(&model, &next, &mut cache, adapter);
             let p1 = pos[1].as_f64().unwrap_or(0.0);
             let p2 = pos[3].as_f64().unwrap_or(0.0);
             let (ours, our_p1, our_p_want) = top1_and_prob(&l, want);
@@ -190,7 +226,7 @@ fn check_file(label: &str, max_dp: f64) -> FileResult {
         let mut next = p;
         let mut matched = 0;
         for &want in &gen {
-            let t = argmax(&logits(&model, &next, &mut cache));
+            let t = argmax(&logits(&model, &next, &mut cache, adapter));
             if t != want {
                 break;
             }

@@ -18,12 +18,13 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 
+use super::LoraBase;
 use super::{fit_pair, LoraError, LoraFormat, RawAdapter};
+use crate::model::candle_error_message;
 use crate::model::layers::{Proj, Site};
 use crate::model::matrix::RawMatrix;
 use crate::model::source::{bounded, quote};
 use crate::model::spec::Architecture;
-use crate::model::{candle_error_message, Model};
 
 /// The projections a base tensor name (`attn_q`, …) holds, in row order.
 fn tensor_parts(arch: Architecture, name: &str) -> Option<&'static [Proj]> {
@@ -54,7 +55,7 @@ fn string(md: &std::collections::HashMap<String, Value>, key: &str) -> Option<St
 }
 
 /// Reads and checks the GGUF adapter `path` against `model`.
-pub(super) fn read(adapter: &str, path: &Path, model: &Model) -> Result<RawAdapter, LoraError> {
+pub(super) fn read(adapter: &str, path: &Path, lb: &LoraBase) -> Result<RawAdapter, LoraError> {
     let shown = path.display().to_string();
     let err = |message: String| LoraError {
         adapter: adapter.into(),
@@ -93,7 +94,7 @@ pub(super) fn read(adapter: &str, path: &Path, model: &Model) -> Result<RawAdapt
             "adapter.alora.invocation_tokens: activated LoRA (aLoRA) is not implemented".into(),
         ));
     }
-    let base = model.spec().architecture;
+    let base = lb.architecture;
     let arch = string(md, "general.architecture").unwrap_or_default();
     if Architecture::from_gguf(&arch) != Some(base) {
         return Err(err(format!(
@@ -194,19 +195,12 @@ pub(super) fn read(adapter: &str, path: &Path, model: &Model) -> Result<RawAdapt
             .map(|&p| Site { layer, proj: p })
             .collect();
         pairs.extend(
-            fit_pair(
-                adapter,
-                &format!("{base_name}.weight"),
-                model,
-                &sites,
-                a,
-                b,
-                r,
-            )
-            .map_err(|e| LoraError {
-                adapter: e.adapter,
-                message: format!("{shown}: {}", e.message),
-            })?,
+            fit_pair(adapter, &format!("{base_name}.weight"), lb, &sites, a, b, r).map_err(
+                |e| LoraError {
+                    adapter: e.adapter,
+                    message: format!("{shown}: {}", e.message),
+                },
+            )?,
         );
     }
     Ok(RawAdapter {

@@ -18,11 +18,53 @@ pub mod peft;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use candle_core::Device;
+
 use super::layers::Site;
 use super::matrix::{Matrix, RawMatrix};
+use super::spec::{Architecture, RopeStyle};
 use super::Model;
 
 pub use apply::{AdapterUse, RowAdapters};
+
+/// What an adapter is checked against and built for: the base model's shapes and
+/// device (a snapshot, so adapters load on any thread while the model runs).
+#[derive(Debug, Clone)]
+pub struct LoraBase {
+    /// The base's architecture (a GGUF adapter names its own).
+    pub architecture: Architecture,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Whether the MLP is a mixture of experts (its experts take no adapter).
+    pub moe: bool,
+    /// Whether q/k rows are in GGUF's interleaved-RoPE order (Llama-family GGUF).
+    pub rope_interleaved: bool,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv_head: usize,
+    /// `(out, in)` of every adaptable projection.
+    pub sites: HashMap<Site, (usize, usize)>,
+    /// Where the adapter's matrices go.
+    pub device: Device,
+}
+
+impl LoraBase {
+    /// The snapshot of `model`.
+    pub fn of(model: &Model) -> Self {
+        let s = model.spec();
+        Self {
+            architecture: s.architecture,
+            n_layer: s.n_layer,
+            moe: s.moe.is_some(),
+            rope_interleaved: s.rope.style == RopeStyle::Interleaved,
+            n_head: s.n_head,
+            n_kv_head: s.n_kv_head,
+            sites: model.site_shapes(),
+            device: model.device().clone(),
+        }
+    }
+}
 
 /// A load or fit failure, always naming the adapter; one line.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -85,13 +127,13 @@ impl LoraAdapter {
     pub fn load(
         name: &str,
         path: &Path,
-        model: &Model,
+        base: &LoraBase,
         max_rank: Option<usize>,
     ) -> Result<Self, LoraError> {
         let parts = if path.is_dir() {
-            peft::read(name, path, model)?
+            peft::read(name, path, base)?
         } else {
-            gguf::read(name, path, model)?
+            gguf::read(name, path, base)?
         };
         if let Some(max) = max_rank {
             if parts.rank > max {
@@ -105,7 +147,7 @@ impl LoraAdapter {
                 });
             }
         }
-        let device = model.device();
+        let device = &base.device;
         let mut pairs = HashMap::with_capacity(parts.pairs.len());
         for (site, (a, b)) in parts.pairs {
             let build = |m: RawMatrix| {
@@ -181,7 +223,7 @@ pub(super) struct RawAdapter {
 pub(super) fn fit_pair(
     adapter: &str,
     tensor: &str,
-    model: &Model,
+    base: &LoraBase,
     parts: &[Site],
     a: RawMatrix,
     b: RawMatrix,
@@ -191,7 +233,7 @@ pub(super) fn fit_pair(
         adapter: adapter.into(),
         message: format!("tensor `{tensor}`: {message}"),
     };
-    let shapes = model.site_shapes();
+    let shapes = &base.sites;
     let mut widths = Vec::with_capacity(parts.len());
     let mut input = None;
     for s in parts {
@@ -200,8 +242,8 @@ pub(super) fn fit_pair(
                 "the base model has no adaptable {:?} projection in layer {} ({} layers{})",
                 s.proj,
                 s.layer,
-                model.spec().n_layer,
-                if model.spec().moe.is_some() {
+                base.n_layer,
+                if base.moe {
                     "; the MoE experts and router take no adapter"
                 } else {
                     ""

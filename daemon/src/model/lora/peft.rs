@@ -19,11 +19,11 @@ use std::path::Path;
 use candle_core::{DType, Device};
 use serde_json::Value;
 
+use super::LoraBase;
 use super::{fit_pair, LoraError, LoraFormat, RawAdapter};
 use crate::model::layers::{Proj, Site};
 use crate::model::matrix::RawMatrix;
 use crate::model::source::{quote, read_bounded};
-use crate::model::Model;
 
 /// Largest `adapter_config.json` read, bytes.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -220,14 +220,13 @@ fn config(adapter: &str, path: &Path) -> Result<Config, LoraError> {
 /// `convert_hf_to_gguf.py`: new row `2i + j` is old row `j · d/2 + i`), and
 /// `convert_lora_to_gguf.py` does the same to `lora_B`. A PEFT adapter on such a base
 /// gets the same permutation here; other bases and projections keep their order.
-fn gguf_rope_order(model: &Model, site: Site, b: RawMatrix) -> candle_core::Result<RawMatrix> {
-    let spec = model.spec();
-    if spec.rope.style != crate::model::spec::RopeStyle::Interleaved {
+fn gguf_rope_order(base: &LoraBase, site: Site, b: RawMatrix) -> candle_core::Result<RawMatrix> {
+    if !base.rope_interleaved {
         return Ok(b);
     }
     let heads = match site.proj {
-        Proj::Q => spec.n_head,
-        Proj::K => spec.n_kv_head,
+        Proj::Q => base.n_head,
+        Proj::K => base.n_kv_head,
         _ => return Ok(b),
     };
     let RawMatrix::Dense(t) = b else {
@@ -261,7 +260,7 @@ fn parse_name(name: &str) -> Option<(&str, usize, &str, bool)> {
 }
 
 /// Reads and checks the PEFT directory `dir` against `model`.
-pub(super) fn read(adapter: &str, dir: &Path, model: &Model) -> Result<RawAdapter, LoraError> {
+pub(super) fn read(adapter: &str, dir: &Path, base: &LoraBase) -> Result<RawAdapter, LoraError> {
     let err = |message: String| LoraError {
         adapter: adapter.into(),
         message,
@@ -351,8 +350,8 @@ pub(super) fn read(adapter: &str, dir: &Path, model: &Model) -> Result<RawAdapte
         };
         let kinds = module_parts(&last).unwrap_or(&[]);
         let sites: Vec<Site> = kinds.iter().map(|&proj| Site { layer, proj }).collect();
-        for (site, (a, b)) in fit_pair(adapter, &tensor, model, &sites, a, b, cfg.r)? {
-            let b = gguf_rope_order(model, site, b).map_err(|e| {
+        for (site, (a, b)) in fit_pair(adapter, &tensor, base, &sites, a, b, cfg.r)? {
+            let b = gguf_rope_order(base, site, b).map_err(|e| {
                 err(format!(
                     "tensor `{tensor}`: {}",
                     crate::model::candle_error_message(&e)

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 
-use super::{AdapterUse, LoraAdapter, LoraError};
+use super::{AdapterUse, LoraAdapter, LoraBase, LoraError};
 use crate::model::reference_tests::{
     all_logits_with, check_with, ids, load_model, rel_diff, tiny_dir, tiny_gguf, ARCHS,
 };
@@ -33,7 +33,7 @@ fn reference(name: &str) -> serde_json::Value {
 }
 
 fn adapter(name: &str, model: &Model) -> LoraAdapter {
-    LoraAdapter::load(name, &peft_dir(name), model, None)
+    LoraAdapter::load(name, &peft_dir(name), &LoraBase::of(model), None)
         .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
@@ -202,7 +202,7 @@ fn edited(
 }
 
 fn refused(path: &Path, model: &Model) -> LoraError {
-    match LoraAdapter::load("bad", path, model, None) {
+    match LoraAdapter::load("bad", path, &LoraBase::of(model), None) {
         Ok(_) => panic!("{} loaded", path.display()),
         Err(e) => e,
     }
@@ -270,9 +270,10 @@ fn unimplemented_or_unfitting_adapters_are_refused_by_name() {
     );
     // A regular expression as PEFT matches it (the whole path).
     let ok = set("target_modules", ".*\\.(q|k|v|o|gate|up|down)_proj".into());
-    LoraAdapter::load("ok", ok.path(), &model, None).expect("regex targets");
+    LoraAdapter::load("ok", ok.path(), &LoraBase::of(&model), None).expect("regex targets");
     // The rank bound.
-    let e = LoraAdapter::load("big", &peft_dir("llama"), &model, Some(4)).expect_err("bound");
+    let e = LoraAdapter::load("big", &peft_dir("llama"), &LoraBase::of(&model), Some(4))
+        .expect_err("bound");
     assert!(
         e.to_string().contains("rank 8 exceeds lora.max_rank = 4"),
         "{e}"

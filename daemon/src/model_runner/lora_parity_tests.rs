@@ -1,0 +1,72 @@
+//! GGUF LoRA adapters against natively built llama.cpp: random adapters for the default
+//! model (F16 rank 8, Q8_0 rank 8, F32 rank 4) and Gemma 3 270M (F16 rank 8), made by
+//! `scripts/lora-gguf.sh files` (`scripts/make-lora-gguf.py`, checked by SHA-256
+//! against `daemon/tests/fixtures/lora-gguf/manifest.json`), and llama-server's greedy
+//! outputs with `--lora` (scale 1.0) and `--lora-scaled` (0.5) in
+//! `daemon/tests/fixtures/lora-gguf/<label>.json` (`scripts/lora-gguf.sh refs`, made on
+//! the machine that checks them). Compared as the quant-parity references are
+//! ([`super::quant_parity_tests`]): teacher-forced top-1 and its probability at every
+//! position, free-running greedy to the first difference.
+
+use super::quant_parity_tests::check_fixture;
+use crate::test_support::workspace_root;
+
+/// `(label, free-running prompts equal in full, max |Δp|)` (measured; docs/lora.md).
+const GOALS: [(&str, usize, f64); 4] = [
+    ("smollm2-f16-s1.0", 7, 1e-3),
+    ("smollm2-f16-s0.5", 7, 1e-3),
+    ("smollm2-q8_0-s1.0", 7, 1e-3),
+    ("smollm2-f32-r4-s1.0", 7, 1e-3),
+];
+
+fn run(label: &str) {
+    let Some(&(_, min_full, max_dp)) = GOALS.iter().find(|g| g.0 == label) else {
+        panic!("no goal for {label}");
+    };
+    let dir = workspace_root().join("daemon/tests/fixtures/lora-gguf");
+    let r = check_fixture(&dir, label, max_dp);
+    let full = r.free.iter().filter(|(m, n)| m == n).count();
+    let report = format!(
+        "{label}: free-running {:?} (matched/total per prompt, {full} in full); teacher-forced \
+         top-1 {}/{}; max |Δp| {:.5}",
+        r.free, r.agree, r.positions, r.max_dp
+    );
+    eprintln!("{report}");
+    assert!(
+        r.clear_misses.is_empty(),
+        "{report}: top-1 differs where llama.cpp's is clear: {:#?}",
+        r.clear_misses
+    );
+    assert!(
+        r.agree * 10 >= r.positions * 9,
+        "{report}: teacher-forced agreement below 90 %"
+    );
+    assert!(
+        full >= min_full,
+        "{report}: fewer than {min_full} prompts equal in full"
+    );
+    assert!(
+        r.max_dp <= max_dp,
+        "{report}: probability differs by more than {max_dp}"
+    );
+}
+
+#[test]
+fn smollm2_f16_adapter_matches_llama_cpp() {
+    run("smollm2-f16-s1.0");
+}
+
+#[test]
+fn smollm2_f16_adapter_at_half_scale_matches_llama_cpp() {
+    run("smollm2-f16-s0.5");
+}
+
+#[test]
+fn smollm2_q8_0_adapter_matches_llama_cpp() {
+    run("smollm2-q8_0-s1.0");
+}
+
+#[test]
+fn smollm2_f32_rank_4_adapter_matches_llama_cpp() {
+    run("smollm2-f32-r4-s1.0");
+}
