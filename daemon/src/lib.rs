@@ -4,6 +4,7 @@
 //! `server` → `api` (validation) → `tokenizer` → `scheduler` → `model_runner` (`model`)
 //! → `sampling` → `detokenizer` → the request's own event channel → client.
 
+pub mod adapters;
 pub mod allocator;
 pub mod api;
 pub mod app;

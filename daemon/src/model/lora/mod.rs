@@ -286,4 +286,4 @@ pub(super) fn fit_pair(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
