@@ -103,6 +103,7 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
                 prompt_len: 32,
                 persist: Vec::new(),
                 draft: None,
+                adapter: None,
             })
             .collect();
         let out = runner.run(RunBatch {

@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::adapters::AdapterRegistry;
 use crate::config::{CliOverrides, ConfigError, Settings, SpecMethod};
+use crate::model::lora::LoraBase;
 use crate::model::{KvBlockPool, LoadOptions, MatrixPolicy, ModelFormat};
 use crate::model_runner::{select_device, ModelRunner, ModelRunnerActor, SpecCosts};
 use crate::prefix_store::{
@@ -125,6 +127,8 @@ struct Loaded {
     model_id: String,
     /// What speculative verification costs here (measured at start-up).
     spec_costs: SpecCosts,
+    /// The LoRA adapters (`[lora]`, `--lora-modules`), checked against the model.
+    adapters: Arc<AdapterRegistry>,
 }
 
 /// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
@@ -224,6 +228,24 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         tokens = num_blocks * block_size,
         "KV cache budget"
     );
+    let adapters = Arc::new(AdapterRegistry::new(
+        LoraBase::of(&loaded.model),
+        settings.lora.max_loras,
+        settings.lora.max_rank,
+    ));
+    for (name, path) in &settings.lora.adapters {
+        crate::service::status(&format!("loading LoRA adapter {name}"));
+        let info = adapters
+            .register_configured(name, path)
+            .map_err(|e| anyhow::anyhow!("lora.adapters.{name}: {e}"))?;
+        tracing::info!(
+            adapter = %name,
+            path = %path.display(),
+            rank = info.rank,
+            resident = info.resident,
+            "LoRA adapter loaded"
+        );
+    }
     let pool = KvBlockPool::new(&kv, block_size, num_blocks, loaded.model.device())
         .map_err(|e| anyhow::anyhow!("KV cache: {}", crate::model::candle_error_message(&e)))?;
     crate::service::status("opening the prefix store");
@@ -312,6 +334,7 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         block_size,
         model_id,
         spec_costs,
+        adapters,
     })
 }
 
@@ -414,6 +437,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         block_size,
         model_id,
         spec_costs,
+        adapters,
     } = loaded;
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
@@ -514,6 +538,7 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
             plugins,
             model_id,
             created,
+            adapters,
         },
         engine_arbiter,
         store: store_addr,
@@ -658,6 +683,11 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
                 ("[tokenizer]", current.tokenizer != new.tokenizer),
                 ("[prefix_store]", current.prefix_store != new.prefix_store),
                 ("[speculative]", current.speculative != new.speculative),
+                (
+                    "lora.max_loras, lora.max_rank",
+                    (current.lora.max_loras, current.lora.max_rank)
+                        != (new.lora.max_loras, new.lora.max_rank),
+                ),
             ]
             .into_iter()
             .filter_map(|(name, changed)| changed.then_some(name))
@@ -729,14 +759,52 @@ async fn try_reload(
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (for_loader, vocab) = (new.clone(), running.vocab.clone());
+    let adapters = running.engine.adapters.clone();
     std::thread::Builder::new()
         .name("inferd-reload".into())
         .spawn(move || {
-            let _ = tx.send(load_plugins(&for_loader, vocab));
+            let plugins = load_plugins(&for_loader, vocab);
+            if plugins.is_ok() {
+                sync_adapters(&adapters, &for_loader.lora.adapters);
+            }
+            let _ = tx.send(plugins);
         })
         .context("starting the plugin loading thread")?;
     let plugins = rx.await.context("the plugin loading thread died")??;
     Ok((new, plugins, template))
+}
+
+/// SIGHUP's `[lora] adapters`: adapters no longer listed are unloaded (one still in
+/// use stays, with a warning), new or moved ones loaded; a failure is logged and the
+/// rest still apply. Adapters loaded through `POST /v1/load_lora_adapter` are left
+/// alone unless the config names them.
+fn sync_adapters(
+    registry: &AdapterRegistry,
+    wanted: &std::collections::BTreeMap<String, std::path::PathBuf>,
+) {
+    let configured = registry.configured();
+    for name in configured.iter().filter(|n| !wanted.contains_key(*n)) {
+        match registry.unregister(name) {
+            Ok(()) => tracing::info!(adapter = %name, "reload: LoRA adapter unloaded"),
+            Err(e) => tracing::warn!(adapter = %name, error = %e, "reload: LoRA adapter kept"),
+        }
+    }
+    for (name, path) in wanted {
+        match registry.info(name) {
+            Some(i) if &i.path == path => continue,
+            Some(_) => {
+                if let Err(e) = registry.unregister(name) {
+                    tracing::warn!(adapter = %name, error = %e, "reload: LoRA adapter kept at its old path");
+                    continue;
+                }
+            }
+            None => {}
+        }
+        match registry.register_configured(name, path) {
+            Ok(i) => tracing::info!(adapter = %name, rank = i.rank, "reload: LoRA adapter loaded"),
+            Err(e) => tracing::error!(error = %e, "reload: LoRA adapter not loaded"),
+        }
+    }
 }
 
 /// The disk tier with its counters, when `prefix_store.enabled`.

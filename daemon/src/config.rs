@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::api::SamplingDefaults;
 use crate::model::{Kernels, Quantize};
 
+mod lora;
 mod server;
 mod speculative;
+pub use lora::LoraConfig;
 pub use server::ServerConfig;
 pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};
 
@@ -538,6 +540,8 @@ pub struct Settings {
     pub log: LogConfig,
     /// Speculative decoding.
     pub speculative: SpeculativeConfig,
+    /// LoRA adapters.
+    pub lora: LoraConfig,
 }
 
 /// Command-line overrides (the highest layer).
@@ -547,6 +551,8 @@ pub struct CliOverrides {
     pub model: Option<PathBuf>,
     /// `--listen ADDR`.
     pub listen: Option<String>,
+    /// `--lora-modules NAME=PATH` (repeatable): added to `lora.adapters`.
+    pub lora_modules: Vec<(String, PathBuf)>,
 }
 
 /// A configuration error: names the key (or file) and the problem.
@@ -602,6 +608,9 @@ impl Settings {
         let mut settings: Settings = cfg
             .try_deserialize()
             .map_err(|e| ConfigError(describe(e)))?;
+        for (name, path) in &cli.lora_modules {
+            settings.lora.adapters.insert(name.clone(), path.clone());
+        }
         let home = std::env::var_os("HOME")
             .filter(|h| !h.is_empty())
             .map(PathBuf::from);
@@ -626,6 +635,9 @@ impl Settings {
                 &mut self.plugins.compile_cache,
                 home,
             )?;
+        }
+        for (name, path) in &mut self.lora.adapters {
+            expand_home(&format!("lora.adapters.{name}"), path, home)?;
         }
         expand_home("prefix_store.path", &mut self.prefix_store.path, home)
     }
@@ -731,6 +743,7 @@ impl Settings {
             ));
         }
         self.speculative.validate()?;
+        self.lora.validate()?;
         let s = &self.sampling;
         if !(0.0..=100.0).contains(&s.temperature) {
             return bad(format!(
@@ -792,10 +805,21 @@ mod tests {
         let cli = CliOverrides {
             model: Some(PathBuf::from("/m.gguf")),
             listen: Some("127.0.0.1:1".into()),
+            lora_modules: vec![("sql".into(), PathBuf::from("/a/sql-lora"))],
         };
         let s = Settings::load(Some(&p), &cli).expect("load");
         assert_eq!(s.server.listen, "127.0.0.1:1");
         assert_eq!(s.model.path, PathBuf::from("/m.gguf"));
+        assert_eq!(
+            s.lora.adapters.get("sql"),
+            Some(&PathBuf::from("/a/sql-lora"))
+        );
+        let bad = CliOverrides {
+            lora_modules: vec![("a b".into(), PathBuf::from("/x"))],
+            ..CliOverrides::default()
+        };
+        let e = Settings::load(Some(&p), &bad).expect_err("name");
+        assert!(e.0.contains("lora.adapters: lora_name must be"), "{e}");
     }
 
     #[test]
@@ -1005,6 +1029,7 @@ mod tests {
                 let cli = CliOverrides {
                     model: Some(PathBuf::from("~/m.gguf")),
                     listen: None,
+                    lora_modules: Vec::new(),
                 };
                 let s = Settings::load(Some(&p), &cli).expect("load");
                 assert_eq!(s.model.path, h.join("m.gguf"));

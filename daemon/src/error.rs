@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Cancelled,
     /// A bug or an unexpected failure inside the daemon.
     Internal,
+    /// The request named a model or LoRA adapter this daemon does not serve.
+    ModelNotFound,
 }
 
 impl ErrorKind {
@@ -34,6 +36,7 @@ impl ErrorKind {
             ErrorKind::PluginTrap => "plugin_trap",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
+            ErrorKind::ModelNotFound => "model_not_found",
         }
     }
 }

@@ -37,7 +37,21 @@ enum Command {
         /// Listen address host:port (overrides server.listen); port 0 picks a free one.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
+        /// A LoRA adapter to serve, NAME=PATH (a PEFT directory or a GGUF adapter);
+        /// repeatable; requests choose it with `model: NAME` (adds to lora.adapters).
+        #[arg(long = "lora-modules", value_name = "NAME=PATH", value_parser = parse_lora_module)]
+        lora_modules: Vec<(String, PathBuf)>,
     },
+}
+
+/// `NAME=PATH` of `--lora-modules`.
+fn parse_lora_module(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!("expected NAME=PATH (got {s:?})")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -47,10 +61,15 @@ fn main() -> ExitCode {
             config,
             model,
             listen,
+            lora_modules,
         } => {
             let source = inferd::app::SettingsSource {
                 file: config,
-                cli: CliOverrides { model, listen },
+                cli: CliOverrides {
+                    model,
+                    listen,
+                    lora_modules,
+                },
             };
             let settings = match source.load() {
                 Ok(s) => s,

@@ -13,8 +13,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::error::ErrorKind;
@@ -71,6 +71,8 @@ pub struct Metrics {
     spec_tokens_per_verification: Gauge,
     allocator_allocated: IntGaugeVec,
     allocator_resident: IntGaugeVec,
+    lora_requests: IntCounterVec,
+    lora_info: GaugeVec,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -283,13 +285,57 @@ impl Metrics {
                     &["allocator"],
                 )?,
             ),
+            lora_requests: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "lora_requests_total",
+                        "Requests that named each LoRA adapter since start",
+                    ),
+                    &["adapter"],
+                )?,
+            ),
+            lora_info: registered(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "lora_requests_info",
+                        "LoRA adapters of running and waiting requests (comma-separated \
+                         labels, the Gateway API Inference Extension's LoRA metric); the \
+                         value is the Unix time of this update",
+                    ),
+                    &["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+                )?,
+            ),
             registry: r,
         })
     }
 
     /// The text exposition of every metric, after copying the engine-wide figures
     /// from `stats` (`None` while the model loads: they stay at zero).
-    pub fn render(&self, stats: Option<&EngineStats>) -> String {
+    pub fn render(
+        &self,
+        stats: Option<&EngineStats>,
+        adapters: Option<&crate::adapters::AdapterRegistry>,
+    ) -> String {
+        if let (Some(st), Some(reg)) = (stats, adapters) {
+            for a in reg.list() {
+                let c = self.lora_requests.with_label_values(&[a.name.as_str()]);
+                c.inc_by(a.requests_total.saturating_sub(c.get()));
+            }
+            // One series: its labels change with the adapters in use.
+            self.lora_info.reset();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.lora_info
+                .with_label_values(&[
+                    reg.max_loras().to_string().as_str(),
+                    st.lora.running.join(",").as_str(),
+                    st.lora.waiting.join(",").as_str(),
+                ])
+                .set(now);
+        }
         if let Some(st) = stats {
             let gauge = |g: &IntGauge, v: usize| g.set(i64::try_from(v).unwrap_or(i64::MAX));
             gauge(&self.running, st.running);
@@ -363,7 +409,7 @@ mod tests {
         st.speculative.add(4, 3);
         st.speculative.add(2, 0);
         st.speculative = st.speculative.with_ratios();
-        let text = m.render(Some(&st));
+        let text = m.render(Some(&st), None);
         for line in [
             "inferd_requests_total{finish_reason=\"stop\"} 1",
             "inferd_time_to_first_token_seconds_bucket{le=\"0.25\"} 1",
@@ -400,7 +446,7 @@ mod tests {
             }
         }
         st.prefix_cache.memory_hit_tokens = 80;
-        let text = m.render(Some(&st));
+        let text = m.render(Some(&st), None);
         assert!(text
             .lines()
             .any(|l| l == "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 80"));

@@ -12,5 +12,5 @@ pub mod registry;
 mod tests;
 
 pub use registry::{
-    AdapterInfo, AdapterKey, AdapterLease, AdapterRegistry, Residency, UnloadError,
+    AdapterInfo, AdapterKey, AdapterLease, AdapterLoads, AdapterRegistry, Residency, UnloadError,
 };

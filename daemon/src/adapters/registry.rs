@@ -52,6 +52,9 @@ pub enum UnloadError {
     },
 }
 
+/// Loads to start: the registry and `(name, path)` each.
+pub type AdapterLoads = (Arc<AdapterRegistry>, Vec<(String, PathBuf)>);
+
 /// What [`AdapterRegistry::residency`] found for a waiting request.
 #[derive(Debug, Clone)]
 pub enum Residency {
@@ -77,6 +80,8 @@ struct Entry {
     requests_total: u64,
     /// Logical time of the last admission (least recently used goes first).
     last_used: u64,
+    /// Named by `[lora] adapters` (SIGHUP adds and removes those), not by the API.
+    configured: bool,
 }
 
 #[derive(Debug, Default)]
@@ -200,7 +205,9 @@ impl AdapterRegistry {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves plain data behind: keep using it.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `lora.max_loras`.
@@ -215,6 +222,33 @@ impl AdapterRegistry {
     /// The name is taken or malformed, or the adapter does not load or fit (the
     /// message names adapter, file and value).
     pub fn register(&self, name: &str, path: &Path) -> Result<AdapterInfo, LoraError> {
+        self.register_as(name, path, false)
+    }
+
+    /// [`Self::register`] for an adapter of `[lora] adapters`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub fn register_configured(&self, name: &str, path: &Path) -> Result<AdapterInfo, LoraError> {
+        self.register_as(name, path, true)
+    }
+
+    /// Names of the adapters registered from `[lora] adapters`.
+    pub fn configured(&self) -> Vec<String> {
+        let g = self.lock();
+        g.entries
+            .iter()
+            .filter(|(_, e)| e.configured)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn register_as(
+        &self,
+        name: &str,
+        path: &Path,
+        configured: bool,
+    ) -> Result<AdapterInfo, LoraError> {
         let err = |message: String| LoraError {
             adapter: name.into(),
             message,
@@ -250,6 +284,7 @@ impl AdapterRegistry {
                 active: 0,
                 requests_total: 0,
                 last_used: now,
+                configured,
             },
         );
         drop(g);

@@ -36,7 +36,10 @@ fn adapters_beyond_max_loras_load_on_demand_evicting_idle_ones() {
     let loads = reg.take_loads();
     assert_eq!(loads.len(), 1);
     assert_eq!(reg.resident_names(), Vec::<String>::new());
-    assert!(matches!(reg.residency("b", &none), Residency::Pending), "loading");
+    assert!(
+        matches!(reg.residency("b", &none), Residency::Pending),
+        "loading"
+    );
     reg.load_resident(&loads[0].0, &loads[0].1).expect("load");
     assert!(ready(reg.residency("b", &none)));
     assert_eq!(reg.resident_names(), vec!["b".to_string()]);
@@ -48,7 +51,9 @@ fn leases_keep_an_adapter_from_unloading_and_names_are_checked() {
     reg.register("a", &peft_dir("llama")).expect("a");
     let e = reg.register("a", &peft_dir("llama")).expect_err("twice");
     assert!(e.to_string().contains("already loaded"), "{e}");
-    let e = reg.register("bad name", &peft_dir("llama")).expect_err("name");
+    let e = reg
+        .register("bad name", &peft_dir("llama"))
+        .expect_err("name");
     assert!(e.to_string().contains("lora_name must be"), "{e}");
     let lease = reg.lease("a", 1.0).expect("lease");
     let twin = lease.clone();
@@ -84,7 +89,9 @@ fn a_file_that_changed_since_registration_fails_its_requests() {
     for f in ["adapter_config.json", "adapter_model.safetensors"] {
         std::fs::copy(peft_dir("llama-layers").join(f), dir.path().join(f)).expect("copy");
     }
-    let e = reg.load_resident(&loads[0].0, &loads[0].1).expect_err("changed");
+    let e = reg
+        .load_resident(&loads[0].0, &loads[0].1)
+        .expect_err("changed");
     assert!(e.to_string().contains("changed since it was loaded"), "{e}");
     match reg.residency("b", &none) {
         Residency::Gone(m) => assert!(m.contains("changed since it was loaded"), "{m}"),

@@ -122,6 +122,10 @@ pub struct GenerateBody {
     pub cache: Option<bool>,
     /// Prefix-cache partition.
     pub cache_salt: Option<String>,
+    /// The LoRA adapter (WebSocket; OpenAI names it in `model`).
+    pub adapter: Option<String>,
+    /// Scale of the adapter's delta (default 1).
+    pub lora_scale: Option<Num>,
     /// Log-probabilities of the sampled tokens.
     pub logprobs: Option<LogprobsField>,
     /// Alternatives per position with `logprobs`.

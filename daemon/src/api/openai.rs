@@ -62,8 +62,6 @@ pub struct ResponseOptions {
 pub enum BodyError {
     /// A validation error (HTTP 400), naming the field, bound and value.
     Invalid(InferError),
-    /// `model` names another model than the one served (HTTP 404): the message.
-    ModelNotFound(String),
 }
 
 impl From<InferError> for BodyError {
@@ -81,7 +79,7 @@ fn invalid(message: String) -> BodyError {
 ///
 /// # Errors
 /// [`BodyError::Invalid`] for malformed JSON, a key the endpoint does not take or any
-/// value out of its bounds; [`BodyError::ModelNotFound`] for another `model`.
+/// value out of its bounds.
 pub fn parse_body(
     bytes: &[u8],
     endpoint: Endpoint,
@@ -93,7 +91,15 @@ pub fn parse_body(
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| invalid(format!("malformed JSON in the request body: {e}")))?;
     let mut body = read_body(&value, endpoint)?;
-    let options = http_options(&body, endpoint, model_id)?;
+    let options = http_options(&body, endpoint)?;
+    // A `model` other than the base's names a LoRA adapter; whether one of that name
+    // is loaded is decided when the request starts (404 `model_not_found` if not).
+    if body.model.as_deref() == Some("") {
+        return Err(invalid(
+            "model must name the base model or a loaded LoRA adapter (got \"\")".into(),
+        ));
+    }
+    body.adapter = body.model.clone().filter(|m| m != model_id);
     normalise(&mut body, endpoint)?;
     let request = generate_request(&body, id, defaults, vocab_size)?;
     Ok((request, options))
@@ -133,16 +139,7 @@ fn logprobs_bound(given: &str) -> BodyError {
 
 /// `model`, the fields inferd takes only at their neutral value, `stream` and
 /// `stream_options`, and whether the response carries `logprobs`.
-fn http_options(
-    body: &GenerateBody,
-    endpoint: Endpoint,
-    model_id: &str,
-) -> Result<ResponseOptions, BodyError> {
-    if let Some(name) = body.model.as_deref().filter(|m| *m != model_id) {
-        return Err(BodyError::ModelNotFound(format!(
-            "model: the model {name:?} does not exist; this daemon serves {model_id:?}"
-        )));
-    }
+fn http_options(body: &GenerateBody, endpoint: Endpoint) -> Result<ResponseOptions, BodyError> {
     if let Some(Int(n)) = &body.best_of {
         match n.as_u64() {
             Some(1) => {}

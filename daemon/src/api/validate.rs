@@ -10,7 +10,9 @@ use serde_json::{Map, Number, Value};
 use super::body::{GenerateBody, Int, Num};
 use super::{ApiError, ClientMessage, SamplingDefaults};
 use crate::error::InferError;
-use crate::request::{CacheOptions, GenerateRequest, PluginSpec, PromptInput, SamplingParams};
+use crate::request::{
+    AdapterChoice, CacheOptions, GenerateRequest, PluginSpec, PromptInput, SamplingParams,
+};
 
 /// Longest accepted `id`, in characters.
 pub const MAX_ID_CHARS: usize = 256;
@@ -36,13 +38,21 @@ pub const SHARED_FIELDS: &[&str] = &[
     "plugins",
     "cache",
     "cache_salt",
+    "lora_scale",
     "logprobs",
     "n",
     "echo",
     "speculative",
 ];
 /// The fields of a WebSocket `generate` besides the shared, steering and tool ones.
-const FRAME_FIELDS: &[&str] = &["type", "id", "messages", "prompt", "top_logprobs"];
+const FRAME_FIELDS: &[&str] = &[
+    "type",
+    "id",
+    "messages",
+    "prompt",
+    "top_logprobs",
+    "adapter",
+];
 /// The steering fields, the same on every edge (the OpenAI endpoints pass them through
 /// unchanged): validated in [`steering`].
 pub const STEERING_FIELDS: &[&str] = &[
@@ -198,6 +208,7 @@ pub fn generate_request(
     }
     let template_kwargs =
         tools::parse_template_kwargs(body.chat_template_kwargs.as_ref(), is_chat)?;
+    let adapter = parse_adapter(body)?;
     Ok(GenerateRequest {
         client_id: id,
         input,
@@ -206,6 +217,7 @@ pub fn generate_request(
         cache,
         tools,
         template_kwargs,
+        adapter,
     })
 }
 
@@ -334,6 +346,44 @@ fn parse_generate(
     )?;
     let body = GenerateBody::from_value(value)?;
     generate_request(&body, id, defaults, vocab_size).map(|r| ClientMessage::Generate(Box::new(r)))
+}
+
+/// Bound of `lora_scale`: `[-16, 16]` (llama.cpp takes any scale; past 16 a rank-8
+/// delta swamps the base model).
+pub const MAX_ABS_LORA_SCALE: f64 = 16.0;
+
+/// `adapter` (WebSocket; the OpenAI edge puts a `model` naming an adapter here) and
+/// `lora_scale` (a number in `[-16, 16]`, default 1, only with an adapter). Whether the
+/// adapter is loaded is decided when the request starts.
+fn parse_adapter(body: &GenerateBody) -> VResult<Option<AdapterChoice>> {
+    let scale = match &body.lora_scale {
+        None => 1.0,
+        Some(Num(n)) => match n.as_f64() {
+            Some(v) if v.is_finite() && v.abs() <= MAX_ABS_LORA_SCALE => v as f32,
+            _ => {
+                return Err(InferError::validation(format!(
+                    "lora_scale must be a number in [-{MAX_ABS_LORA_SCALE}, {MAX_ABS_LORA_SCALE}] (got {n})"
+                )))
+            }
+        },
+    };
+    match &body.adapter {
+        None if body.lora_scale.is_some() => Err(InferError::validation(
+            "lora_scale needs an adapter (WebSocket \"adapter\", or an adapter's name as the \
+             OpenAI \"model\")",
+        )),
+        None => Ok(None),
+        Some(name) if name.is_empty() || name.chars().count() > 128 => {
+            Err(InferError::validation(format!(
+                "adapter must be the name of a loaded LoRA adapter, 1 to 128 characters (got {})",
+                quote_str(name)
+            )))
+        }
+        Some(name) => Ok(Some(AdapterChoice {
+            name: name.clone(),
+            scale,
+        })),
+    }
 }
 
 /// `cache` (boolean, default true) and `cache_salt` (string of 1..=256 bytes).

@@ -73,6 +73,7 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
                 prompt_len: prompts[i].len(),
                 persist: Vec::new(),
                 draft: None,
+                adapter: None,
             })
             .collect();
         let step = runner.run(RunBatch {
@@ -136,6 +137,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 prompt_len: long.len(),
                 persist: Vec::new(),
                 draft: None,
+                adapter: None,
             },
             BatchItem {
                 seq: SeqId(2),
@@ -146,6 +148,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 prompt_len: short.len(),
                 persist: Vec::new(),
                 draft: None,
+                adapter: None,
             },
         ];
         let mut out = runner
@@ -233,6 +236,7 @@ fn bad_block_tables_are_errors_not_panics() {
         prompt_len: tokens,
         persist: Vec::new(),
         draft: None,
+        adapter: None,
     };
     for (tokens, table, want) in [
         (
@@ -350,6 +354,7 @@ fn every_prompt_row_equals_the_decode_step_at_its_position() {
             prompt_len: prompt.len(),
             persist: Vec::new(),
             draft: None,
+            adapter: None,
         };
         let out = runner.run(RunBatch {
             items: vec![item],
@@ -405,6 +410,7 @@ fn verification_rows_equal_one_row_decode_steps_bit_for_bit() {
             prompt_len,
             persist: Vec::new(),
             draft: None,
+            adapter: None,
         };
         for company in [false, true] {
             let mut items = vec![item(1, prompt.clone(), 0, 1, vec![9, 4], prompt.len())];

@@ -9,8 +9,8 @@ pub use calibrate::SpecCosts;
 
 pub use actor::ModelRunnerActor;
 pub use runner::{
-    BatchItem, BlockCopy, BlockLoad, DraftWork, ItemOutput, ModelRunner, PersistBlock, RunBatch,
-    StepOutput,
+    BatchAdapter, BatchItem, BlockCopy, BlockLoad, DraftWork, ItemOutput, ModelRunner,
+    PersistBlock, RunBatch, StepOutput,
 };
 
 use candle_core::Device;

@@ -2,6 +2,7 @@
 //! forward pass over every sequence in it.
 
 use crate::error::InferError;
+use crate::model::lora::AdapterUse;
 use crate::model::{ForwardSeq, KvBlockPool, Model};
 use crate::prefix_store::{BlockHash, PersistSink, StoreBlock};
 use crate::request::SeqId;
@@ -66,6 +67,25 @@ pub struct BatchItem {
     /// (`speculative.method = "draft"`); they are appended to `tokens`, and
     /// `logit_rows` already counts a row for each.
     pub draft: Option<DraftWork>,
+    /// The sequence's LoRA adapter and its request scale (`None`: the base model). The
+    /// draft model drafts for the base.
+    pub adapter: Option<BatchAdapter>,
+}
+
+/// A batch row's LoRA adapter: the resident weights and the request's scale (equal when
+/// the same weights at the same scale).
+#[derive(Debug, Clone)]
+pub struct BatchAdapter {
+    /// The weights.
+    pub lora: std::sync::Arc<crate::model::lora::LoraAdapter>,
+    /// `lora_scale`.
+    pub scale: f32,
+}
+
+impl PartialEq for BatchAdapter {
+    fn eq(&self, o: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.lora, &o.lora) && self.scale.to_bits() == o.scale.to_bits()
+    }
 }
 
 /// What the draft model does for one item: catch up on the positions it has not
@@ -238,7 +258,10 @@ impl ModelRunner {
                 block_table: &i.block_table,
                 logit_rows: i.logit_rows,
                 prompt_len: i.prompt_len,
-                adapter: None,
+                adapter: i.adapter.as_ref().map(|a| AdapterUse {
+                    adapter: &a.lora,
+                    scale: a.scale,
+                }),
             })
             .collect();
         let result = self

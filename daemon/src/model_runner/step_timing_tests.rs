@@ -104,6 +104,7 @@ fn verification_step_timing() {
         prompt_len: 64,
         persist: Vec::new(),
         draft: None,
+        adapter: None,
     };
     let prompt = |s: usize| -> Vec<u32> {
         (0..64u32)

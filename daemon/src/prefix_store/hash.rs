@@ -172,6 +172,32 @@ pub fn root_hash(fingerprint: &ModelFingerprint, salt: &str) -> BlockHash {
     BlockHash(h.finalize().into())
 }
 
+/// The chain's starting point for a request that runs with a LoRA adapter: the
+/// adapter's file fingerprint and the request's scale follow the salt, so its blocks
+/// never match the base model's or another adapter's (vLLM's `extra_keys`, mistral.rs's
+/// `ExtraHashKey`). `None` is [`root_hash`] itself.
+///
+/// root = sha256("inferd-prefix-root\0" ‖ fingerprint ‖ len(salt) as u64 LE ‖ salt
+///               ‖ "lora\0" ‖ adapter fingerprint ‖ scale as f32 bits LE)
+pub fn root_hash_with(
+    fingerprint: &ModelFingerprint,
+    salt: &str,
+    adapter: Option<&crate::adapters::AdapterKey>,
+) -> BlockHash {
+    let Some(a) = adapter else {
+        return root_hash(fingerprint, salt);
+    };
+    let mut h = Sha256::new();
+    h.update(b"inferd-prefix-root\0");
+    h.update(fingerprint.0);
+    h.update((salt.len() as u64).to_le_bytes());
+    h.update(salt.as_bytes());
+    h.update(b"lora\0");
+    h.update(a.fingerprint);
+    h.update(a.scale.to_bits().to_le_bytes());
+    BlockHash(h.finalize().into())
+}
+
 /// `h_i` from `h_{i-1}` (`parent`) and block `i`'s token ids.
 pub fn chain_hash(parent: &BlockHash, fingerprint: &ModelFingerprint, tokens: &[u32]) -> BlockHash {
     let mut h = Sha256::new();
@@ -239,6 +265,31 @@ mod tests {
         assert_eq!(a.len(), 4);
         assert_eq!(a, chain("", 1, &toks), "deterministic");
         assert_ne!(a[0], chain("tenant-b", 1, &toks)[0], "salt enters the hash");
+        let key = |f: u8, scale: f32| crate::adapters::AdapterKey {
+            fingerprint: [f; 32],
+            scale,
+        };
+        let root = |k: Option<crate::adapters::AdapterKey>| root_hash_with(&fp(1), "", k.as_ref());
+        assert_eq!(
+            root(None),
+            root_hash(&fp(1), ""),
+            "the base's chain is unchanged"
+        );
+        assert_ne!(
+            root(Some(key(1, 1.0))),
+            root(None),
+            "an adapter enters the root"
+        );
+        assert_ne!(
+            root(Some(key(1, 1.0))),
+            root(Some(key(2, 1.0))),
+            "which adapter"
+        );
+        assert_ne!(
+            root(Some(key(1, 1.0))),
+            root(Some(key(1, 0.5))),
+            "at which scale"
+        );
         assert_ne!(a[0], chain("", 2, &toks)[0], "fingerprint enters the hash");
         let mut other = toks.clone();
         other[3] = 999; // block 0 differs → every later block differs too

@@ -24,5 +24,7 @@ pub use actor::{
     ApplyRead, Flush, LookupRun, PersistSink, PrefixReadActor, PrefixStoreActor, StoreBlock,
 };
 pub use disk::{DiskCounters, DiskReader, DiskStore, RunRead, StoreError};
-pub use hash::{chain_hash, root_hash, BlockHash, FingerprintParts, ModelFingerprint};
+pub use hash::{
+    chain_hash, root_hash, root_hash_with, BlockHash, FingerprintParts, ModelFingerprint,
+};
 pub use memory::MemoryIndex;

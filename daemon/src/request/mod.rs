@@ -246,6 +246,16 @@ impl Default for CacheOptions {
     }
 }
 
+/// A request's LoRA adapter: OpenAI `model` naming an adapter, or the WebSocket's
+/// `adapter`; `lora_scale` (default 1) multiplies its delta.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterChoice {
+    /// The adapter's name (resolved against the registry when the request starts).
+    pub name: String,
+    /// `lora_scale`.
+    pub scale: f32,
+}
+
 /// A validated generate request as it enters the tokenizer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateRequest {
@@ -265,6 +275,8 @@ pub struct GenerateRequest {
     /// `chat_template_kwargs`: extra variables for the chat template (e.g.
     /// `enable_thinking`), never one the daemon sets itself.
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The LoRA adapter, if any (`None`: the base model).
+    pub adapter: Option<AdapterChoice>,
 }
 
 /// Why generation ended (`done.finish_reason`).

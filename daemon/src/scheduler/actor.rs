@@ -10,10 +10,11 @@ use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, MessageResult, WrapFuture,
 };
 
+use crate::adapters::AdapterLease;
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{ModelRunnerActor, StepOutput};
 use crate::prefix_store::hash::extend_hashes;
-use crate::prefix_store::{root_hash, LookupRun, PrefixReadActor};
+use crate::prefix_store::{root_hash_with, LookupRun, PrefixReadActor};
 use crate::request::{FinishReason, SeqId, StreamEvent};
 use crate::sampling::speculative;
 
@@ -21,6 +22,12 @@ use crate::tokenizer::TextTokenizer;
 
 use super::policy::{EngineStats, Scheduler};
 use super::sequence::{DiskHit, Sequence, TokenOutcome, TokenizedRequest};
+
+/// A LoRA adapter's weights finished loading (or failed to): waiting requests for it
+/// may be admitted now (or are failed at the next step).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct AdapterLoaded;
 
 /// Queue a tokenized request (from the tokenizer stage).
 #[derive(Debug, Message)]
@@ -106,7 +113,11 @@ impl SchedulerActor {
         let mut hashes = Vec::with_capacity(cap);
         extend_hashes(
             &mut hashes,
-            &root_hash(&prefix.fingerprint, &req.cache.salt),
+            &root_hash_with(
+                &prefix.fingerprint,
+                &req.cache.salt,
+                req.adapter.as_ref().map(AdapterLease::key).as_ref(),
+            ),
             &prefix.fingerprint,
             &req.prompt,
             bs,
@@ -245,6 +256,7 @@ impl SchedulerActor {
             self.log_stats();
         }
         let (batch, admitted) = self.scheduler.schedule();
+        self.after_adapter_gates(ctx);
         for id in admitted {
             if let Some(seq) = self.scheduler.running_mut(id) {
                 seq.send_started();
@@ -291,6 +303,38 @@ impl SchedulerActor {
         for id in sampling {
             if let Some(seq) = self.scheduler.running_mut(id) {
                 seq.prepare_sample();
+            }
+        }
+    }
+
+    /// Fails the requests whose adapter is gone, and starts the adapter loads the
+    /// step asked for, each on a thread of its own (file reading and checks), which
+    /// wakes the scheduler when done.
+    fn after_adapter_gates(&mut self, ctx: &mut Context<Self>) {
+        for (seq, why) in self.scheduler.take_gone() {
+            self.fail(seq, InferError::new(ErrorKind::ModelNotFound, why));
+        }
+        let Some((registry, loads)) = self.scheduler.take_adapter_loads() else {
+            return;
+        };
+        for (name, path) in loads {
+            let (registry, me) = (registry.clone(), ctx.address());
+            let spawned = std::thread::Builder::new()
+                .name("inferd-lora-load".into())
+                .spawn(move || {
+                    let t0 = Instant::now();
+                    match registry.load_resident(&name, &path) {
+                        Ok(()) => tracing::info!(
+                            adapter = %name,
+                            load_ms = t0.elapsed().as_millis() as u64,
+                            "LoRA adapter resident"
+                        ),
+                        Err(e) => tracing::error!(error = %e, "LoRA adapter failed to load"),
+                    }
+                    me.do_send(AdapterLoaded);
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a LoRA loading thread");
             }
         }
     }
@@ -557,5 +601,13 @@ impl Handler<GetStats> for SchedulerActor {
         let st = self.scheduler.stats();
         tracing::debug!(?st, "engine stats requested");
         MessageResult(st)
+    }
+}
+
+impl Handler<AdapterLoaded> for SchedulerActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: AdapterLoaded, ctx: &mut Context<Self>) {
+        self.step(ctx);
     }
 }

@@ -59,6 +59,7 @@ fn request(id: SeqId, prompt_len: u32, p: SamplingParams) -> (TokenizedRequest, 
         cache: Default::default(),
         disk_hit: None,
         forks,
+        adapter: None,
     };
     (req, rx)
 }

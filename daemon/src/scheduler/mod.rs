@@ -22,7 +22,9 @@ pub mod speculative;
 pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
 pub use echo::PromptEcho;
-pub use policy::{EngineStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits};
+pub use policy::{
+    EngineStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits,
+};
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};
 pub use speculative::{SpecStats, Speculation};
 

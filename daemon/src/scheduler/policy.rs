@@ -117,7 +117,7 @@ pub struct PrefixCacheStats {
 }
 
 /// Engine counters, for the `stats` message and the log.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     /// Sequences running (admitted, holding KV blocks).
     pub running: usize,
@@ -145,6 +145,18 @@ pub struct EngineStats {
     pub prefix_cache: PrefixCacheStats,
     /// Speculative decoding counters.
     pub speculative: SpecStats,
+    /// LoRA adapters of the running and the waiting sequences.
+    pub lora: LoraStats,
+}
+
+/// Which LoRA adapters the engine's sequences use now (the Gateway API Inference
+/// Extension's `running_lora_adapters` / `waiting_lora_adapters`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LoraStats {
+    /// Adapters of running sequences, sorted, each once.
+    pub running: Vec<String>,
+    /// Adapters of waiting sequences, sorted, each once.
+    pub waiting: Vec<String>,
 }
 
 /// Queues, running set and KV blocks.
@@ -170,6 +182,21 @@ pub struct Scheduler {
     spec: Option<Speculation>,
     spec_stats: SpecStats,
     row_cost: RowCost,
+    /// Waiting sequences whose adapter is gone (unloaded, or it failed to load), with
+    /// why: the actor fails them.
+    gone: Vec<(Sequence, String)>,
+    /// The adapter registry the waiting sequences' leases came from (loads to start).
+    adapters: Option<std::sync::Arc<crate::adapters::AdapterRegistry>>,
+}
+
+/// Whether a waiting sequence's adapter lets it be admitted now.
+enum AdapterGate {
+    /// No adapter, or it is resident.
+    Ready,
+    /// Its adapter is loading, or waits for a slot: try the next sequence.
+    Wait,
+    /// It was removed from the queue (its adapter is gone).
+    Gone,
 }
 
 impl Scheduler {
@@ -194,6 +221,63 @@ impl Scheduler {
                 method: "off",
                 ..SpecStats::default()
             },
+            gone: Vec::new(),
+            adapters: None,
+        }
+    }
+
+    /// Sequences whose adapter is gone, with why (to fail with `model_not_found`).
+    pub fn take_gone(&mut self) -> Vec<(Sequence, String)> {
+        std::mem::take(&mut self.gone)
+    }
+
+    /// Adapter loads the last [`Self::schedule`] asked for: the registry and
+    /// `(name, path)` each, to run off the scheduler's thread
+    /// ([`crate::adapters::AdapterRegistry::load_resident`]).
+    pub fn take_adapter_loads(&mut self) -> Option<crate::adapters::AdapterLoads> {
+        let reg = self.adapters.as_ref()?;
+        let loads = reg.take_loads();
+        (!loads.is_empty()).then(|| (reg.clone(), loads))
+    }
+
+    /// The adapters of the running sequences (not to be evicted).
+    fn adapters_in_use(&self) -> std::collections::HashSet<String> {
+        self.running
+            .iter()
+            .filter_map(|s| s.adapter.as_ref())
+            .map(|a| a.lease.name().to_string())
+            .collect()
+    }
+
+    /// Sees whether `waiting[at]`'s adapter is resident (taking its weights), asks
+    /// for its load when not, or removes the sequence when its adapter is gone.
+    fn adapter_gate(
+        &mut self,
+        at: usize,
+        in_use: &std::collections::HashSet<String>,
+    ) -> AdapterGate {
+        use crate::adapters::Residency;
+        let Some(a) = self.waiting.get_mut(at).and_then(|s| s.adapter.as_mut()) else {
+            return AdapterGate::Ready;
+        };
+        if a.lora.is_some() {
+            return AdapterGate::Ready;
+        }
+        let reg = a.lease.registry().clone();
+        let residency = reg.residency(a.lease.name(), in_use);
+        self.adapters = Some(reg);
+        match residency {
+            Residency::Ready(l) => {
+                a.lora = Some(l);
+                AdapterGate::Ready
+            }
+            Residency::Pending => AdapterGate::Wait,
+            Residency::Gone(why) => {
+                if let Some(s) = self.waiting.remove(at) {
+                    self.gone.push((s, why));
+                }
+                AdapterGate::Gone
+            }
         }
     }
 
@@ -270,6 +354,10 @@ impl Scheduler {
             prompt_tokens_computed: self.prompt_tokens_computed,
             prefix_cache: self.prefix_cache_stats(),
             speculative: self.spec_stats.with_ratios(),
+            lora: LoraStats {
+                running: adapter_names(self.running.iter()),
+                waiting: adapter_names(self.waiting.iter()),
+            },
         }
     }
 
@@ -407,6 +495,9 @@ impl Scheduler {
             st.draft_computed = 0;
         }
         s.preemptions += 1;
+        if let Some(a) = s.adapter.as_mut() {
+            a.lora = None;
+        }
         self.preemptions_total += 1;
         tracing::info!(
             seq = %s.id,
@@ -440,30 +531,42 @@ impl Scheduler {
             }
             idx += 1;
         }
-        // 2. Admission, first come first served, whole prompt's blocks up front.
+        // 2. Admission, first come first served, whole prompt's blocks up front. A
+        // sequence whose LoRA adapter is not resident stays queued (its load asked for)
+        // while those behind it are admitted.
         let mut admitted = Vec::new();
-        while self.running.len() < self.limits.max_running {
-            let Some(head) = self.waiting.front() else {
-                break;
-            };
-            let total = head.total_len();
+        let mut in_use = self.adapters_in_use();
+        let mut at = 0;
+        while self.running.len() < self.limits.max_running && at < self.waiting.len() {
+            match self.adapter_gate(at, &in_use) {
+                AdapterGate::Ready => {}
+                AdapterGate::Wait => {
+                    at += 1;
+                    continue;
+                }
+                AdapterGate::Gone => continue,
+            }
+            let total = self.waiting[at].total_len();
             let reserve = if self.running.is_empty() {
                 0
             } else {
                 self.watermark()
             };
-            let (hits, from_disk) = self.plan_prefix();
+            let (hits, from_disk) = self.plan_prefix(at);
             let need = self.blocks.blocks_for(total) - hits.len();
             let free = self.blocks.free_blocks() - self.blocks.evictable_among(&hits);
             if need + reserve > free {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else {
+            let Some(mut seq) = self.waiting.remove(at) else {
                 break;
             };
             if self.blocks.admit_with_prefix(seq.id, &hits, total).is_err() {
-                self.waiting.push_front(seq); // unreachable: checked above
+                self.waiting.insert(at, seq); // unreachable: checked above
                 break;
+            }
+            if let Some(a) = &seq.adapter {
+                in_use.insert(a.lease.name().to_string());
             }
             self.start_from_cache(&mut seq, hits.len(), from_disk);
             if !seq.started {
@@ -523,6 +626,12 @@ impl Scheduler {
                 draft: s.draft_work(),
                 prompt_len: s.prompt.len(),
                 persist,
+                adapter: s.adapter.as_ref().and_then(|a| {
+                    Some(crate::model_runner::BatchAdapter {
+                        lora: a.lora.clone()?,
+                        scale: a.lease.key().scale,
+                    })
+                }),
             });
         }
         if !items.is_empty() {
@@ -636,15 +745,15 @@ impl Scheduler {
         s.unpersisted.extend(fresh);
     }
 
-    /// For the head of the queue: the cached memory blocks its prefix can start with,
+    /// For `waiting[at]`: the cached memory blocks its prefix can start with,
     /// and how many blocks right after them its disk hit provides. At most
     /// `⌊(total − 1) / block_size⌋` blocks are reused, so at least one token is computed
     /// (its logits are needed) and no shared block is ever written.
-    fn plan_prefix(&mut self) -> (Vec<u32>, usize) {
+    fn plan_prefix(&mut self, at: usize) -> (Vec<u32>, usize) {
         let Some(prefix) = self.prefix.as_ref() else {
             return (Vec::new(), 0);
         };
-        let Some(seq) = self.waiting.front_mut() else {
+        let Some(seq) = self.waiting.get_mut(at) else {
             return (Vec::new(), 0);
         };
         // A prompt being scored (`echo` with `logprobs`) needs every position's logits:
@@ -797,4 +906,13 @@ impl Scheduler {
         }
         self.waiting.pop_front()
     }
+}
+
+/// The distinct adapter names of `seqs`, sorted.
+fn adapter_names<'a>(seqs: impl Iterator<Item = &'a Sequence>) -> Vec<String> {
+    let set: std::collections::BTreeSet<&str> = seqs
+        .filter_map(|s| s.adapter.as_ref())
+        .map(|a| a.lease.name())
+        .collect();
+    set.into_iter().map(str::to_string).collect()
 }

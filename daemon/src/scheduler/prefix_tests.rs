@@ -56,6 +56,7 @@ fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest,
         cache,
         disk_hit: None,
         forks: Vec::new(),
+        adapter: None,
     };
     (req, rx)
 }

@@ -46,6 +46,8 @@ pub struct TokenizedRequest {
     /// The sampling chains of choices `1..n` (`n > 1`), each seeded with its choice's
     /// seed; empty for one choice.
     pub forks: Vec<SamplerChain>,
+    /// The lease on the request's LoRA adapter (`None`: the base model).
+    pub adapter: Option<crate::adapters::AdapterLease>,
 }
 
 /// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block
@@ -144,6 +146,18 @@ pub struct Sequence {
     /// Full blocks (table indices) that accepted drafts completed, for the next step to
     /// hand to the disk tier.
     pub unpersisted: Vec<usize>,
+    /// The request's LoRA adapter; `None` for the base model.
+    pub adapter: Option<SeqAdapter>,
+}
+
+/// A sequence's LoRA adapter: the request's lease (keeps the adapter from unloading)
+/// and, while the sequence is admitted, the resident weights its batch rows use.
+#[derive(Debug, Clone)]
+pub struct SeqAdapter {
+    /// The lease (name, fingerprint, scale).
+    pub lease: crate::adapters::AdapterLease,
+    /// The weights, set at admission and dropped at preemption.
+    pub lora: Option<std::sync::Arc<crate::model::lora::LoraAdapter>>,
 }
 
 /// A choice waiting to fork: its sampling chain and output stream.
@@ -179,9 +193,10 @@ impl Sequence {
                 output: new_output(),
             })
             .collect();
+        let key = req.adapter.as_ref().map(crate::adapters::AdapterLease::key);
         let cache = match fingerprint {
             Some(fp) if req.cache.enabled => Some(SeqCache {
-                root: crate::prefix_store::root_hash(fp, &req.cache.salt),
+                root: crate::prefix_store::root_hash_with(fp, &req.cache.salt, key.as_ref()),
                 hashes: Vec::new(),
                 registered: 0,
                 disk: req.disk_hit,
@@ -227,6 +242,7 @@ impl Sequence {
             drafts: Vec::new(),
             model_drafts: 0,
             unpersisted: Vec::new(),
+            adapter: req.adapter.map(|lease| SeqAdapter { lease, lora: None }),
         }
     }
 

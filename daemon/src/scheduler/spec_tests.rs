@@ -48,6 +48,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (TokenizedRequest, 
         cache: Default::default(),
         disk_hit: None,
         forks: Vec::new(),
+        adapter: None,
     };
     (req, rx)
 }

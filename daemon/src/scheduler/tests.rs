@@ -60,6 +60,7 @@ fn request(
         cache: Default::default(),
         disk_hit: None,
         forks: Vec::new(),
+        adapter: None,
     };
     (req, rx, cancel)
 }
@@ -201,6 +202,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
         cache: Default::default(),
         disk_hit: None,
         forks: Vec::new(),
+        adapter: None,
     };
     s.submit(req).expect("submit");
     s.schedule();

@@ -119,6 +119,7 @@ pub fn status_of(kind: ErrorKind) -> (StatusCode, &'static str) {
         // client error that retrying would repeat (OpenAI clients retry 5xx).
         ErrorKind::PluginTrap => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_error"),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+        ErrorKind::ModelNotFound => (StatusCode::NOT_FOUND, "not_found_error"),
     }
 }
 
@@ -181,11 +182,13 @@ pub fn method_not_allowed(allow: &'static str) -> Response<Body> {
 }
 
 async fn metrics_page(state: &State) -> Response<Body> {
-    let stats = match state.engine() {
+    let engine = state.engine();
+    let stats = match &engine {
         Some(engine) => engine.scheduler.send(GetStats).await.ok(),
         None => None,
     };
-    let mut r = Response::new(full(metrics().render(stats.as_ref())));
+    let adapters = engine.as_ref().map(|e| &*e.adapters);
+    let mut r = Response::new(full(metrics().render(stats.as_ref(), adapters)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -286,6 +289,9 @@ async fn v1(
         ("/v1/completions", &Method::POST) => {
             openai::generate(req, state, &engine, openai::Endpoint::Completion).await
         }
+        ("/v1/load_lora_adapter", &Method::POST) => super::lora::load(req, &engine).await,
+        ("/v1/unload_lora_adapter", &Method::POST) => super::lora::unload(req, &engine).await,
+        ("/v1/load_lora_adapter" | "/v1/unload_lora_adapter", _) => method_not_allowed("POST"),
         (p, &Method::GET | &Method::HEAD) if p.starts_with("/v1/models/") => {
             model(&engine, &p["/v1/models/".len()..])
         }
@@ -303,13 +309,36 @@ fn model_object(engine: &Engine) -> serde_json::Value {
         "object": "model",
         "created": engine.created,
         "owned_by": "inferd",
+        "root": engine.model_id,
+        "parent": null,
     })
 }
 
+/// A LoRA adapter as vLLM lists one: `root` its path, `parent` the base model.
+fn adapter_object(engine: &Engine, a: &crate::adapters::AdapterInfo) -> serde_json::Value {
+    serde_json::json!({
+        "id": a.name,
+        "object": "model",
+        "created": engine.created,
+        "owned_by": "inferd",
+        "root": a.path.display().to_string(),
+        "parent": engine.model_id,
+    })
+}
+
+/// `GET /v1/models`: the base model, then each LoRA adapter.
 fn models(engine: &Engine) -> Response<Body> {
+    let mut data = vec![model_object(engine)];
+    data.extend(
+        engine
+            .adapters
+            .list()
+            .iter()
+            .map(|a| adapter_object(engine, a)),
+    );
     json(
         StatusCode::OK,
-        &serde_json::json!({ "object": "list", "data": [model_object(engine)] }),
+        &serde_json::json!({ "object": "list", "data": data }),
     )
 }
 
@@ -317,6 +346,8 @@ fn models(engine: &Engine) -> Response<Body> {
 fn model(engine: &Engine, id: &str) -> Response<Body> {
     if id == engine.model_id {
         json(StatusCode::OK, &model_object(engine))
+    } else if let Some(a) = engine.adapters.info(id) {
+        json(StatusCode::OK, &adapter_object(engine, &a))
     } else {
         error(
             StatusCode::NOT_FOUND,

@@ -14,6 +14,7 @@
 
 mod http;
 mod limit;
+mod lora;
 mod nofile;
 mod openai;
 mod openai_choices;
@@ -75,6 +76,47 @@ pub struct Engine {
     pub model_id: String,
     /// When the model was loaded, Unix seconds (`/v1/models` `created`).
     pub created: u64,
+    /// The LoRA adapters served over the base model.
+    pub adapters: std::sync::Arc<crate::adapters::AdapterRegistry>,
+}
+
+impl Engine {
+    /// The lease on the adapter `request` names (`None` for the base model).
+    ///
+    /// # Errors
+    /// `model_not_found`, naming the adapter and what this daemon serves.
+    pub fn lease_adapter(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<Option<crate::adapters::AdapterLease>, InferError> {
+        let Some(choice) = &request.adapter else {
+            return Ok(None);
+        };
+        match self.adapters.lease(&choice.name, choice.scale) {
+            Some(lease) => Ok(Some(lease)),
+            None => {
+                let names: Vec<String> = self
+                    .adapters
+                    .list()
+                    .into_iter()
+                    .map(|a| format!("{:?}", a.name))
+                    .collect();
+                let adapters = if names.is_empty() {
+                    "no LoRA adapters".to_string()
+                } else {
+                    format!("the LoRA adapters {}", names.join(", "))
+                };
+                Err(InferError::new(
+                    ErrorKind::ModelNotFound,
+                    format!(
+                        "model: no model or LoRA adapter is named {}; this daemon serves {:?} and {adapters}",
+                        crate::model::source::quote(&choice.name),
+                        self.model_id
+                    ),
+                ))
+            }
+        }
+    }
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created` fields).
@@ -185,6 +227,7 @@ impl State {
                 "the daemon is shutting down and accepts no new requests",
             ));
         }
+        let adapter = engine.lease_adapter(&request)?;
         let seq = SeqId::next();
         let cancel = CancelFlag::new();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -195,6 +238,7 @@ impl State {
         engine.tokenizer.do_send(Prepare {
             seq,
             request,
+            adapter,
             events: tx,
             cancel,
             received_at: Instant::now(),

@@ -35,7 +35,7 @@ use crate::sampling::TokenLogprobs;
 const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A refused request: the error response (boxed: it is the rare path).
-struct Refusal(Box<Response<Body>>);
+pub(super) struct Refusal(pub(super) Box<Response<Body>>);
 
 impl From<InferError> for Refusal {
     fn from(e: InferError) -> Self {
@@ -47,12 +47,6 @@ impl From<BodyError> for Refusal {
     fn from(e: BodyError) -> Self {
         match e {
             BodyError::Invalid(e) => e.into(),
-            BodyError::ModelNotFound(message) => Refusal(Box::new(http::error(
-                StatusCode::NOT_FOUND,
-                "not_found_error",
-                "model_not_found",
-                &message,
-            ))),
         }
     }
 }
@@ -109,12 +103,17 @@ async fn try_generate(
         response,
         n: request.sampling.n,
     };
+    // The response names what the request asked for: the base model or the adapter.
+    let model = request
+        .adapter
+        .as_ref()
+        .map_or_else(|| engine.model_id.clone(), |a| a.name.clone());
     let (tracked, mut rx) = state.start_request(engine, request)?;
     let reply = Reply {
         endpoint,
         id,
         created: unix_now(),
-        model: engine.model_id.clone(),
+        model,
     };
     if options.response.stream {
         // Errors found before generation (context length, plugin configuration) still
@@ -133,7 +132,7 @@ async fn try_generate(
 }
 
 /// Reads the body, refusing one over `limit` bytes with 413.
-async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusal> {
+pub(super) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusal> {
     let too_large = || {
         Refusal(Box::new(http::error(
             StatusCode::PAYLOAD_TOO_LARGE,

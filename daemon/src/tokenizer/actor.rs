@@ -38,6 +38,8 @@ pub struct Prepare {
     pub cancel: CancelFlag,
     /// When the connection accepted it.
     pub received_at: Instant,
+    /// The lease on the request's LoRA adapter (`None`: the base model).
+    pub adapter: Option<crate::adapters::AdapterLease>,
 }
 
 /// Tokenize text (the `tokenize` message).
@@ -238,6 +240,7 @@ impl Handler<Prepare> for TokenizerActor {
                     cache: msg.request.cache,
                     disk_hit: None,
                     forks,
+                    adapter: msg.adapter,
                 };
                 if msg.request.plugins.is_empty() {
                     self.scheduler.do_send(Submit(req));

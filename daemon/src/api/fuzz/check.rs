@@ -98,11 +98,6 @@ fn run_http(case: &Case, defaults: &SamplingDefaults) -> Result<Outcome, String>
             &e.message,
             "malformed JSON in the request body: ",
         ),
-        Err(BodyError::ModelNotFound(m)) => match &case.want {
-            Want::Reject(f) if f == "model" && names(&m, "model") => Ok(Outcome::Rejected),
-            Want::Any if !m.is_empty() => Ok(Outcome::Rejected),
-            want => Err(format!("model not found ({m}), wanted {want:?}")),
-        },
     }
 }
 

@@ -134,7 +134,7 @@ pub fn out_of_bound(field: &str, edge: Edge, b: &Body) -> Vec<Value> {
         "logprobs" if edge == Edge::Completion => vec![json!(6), json!(-1)],
         "best_of" => vec![json!(2), json!(0)],
         "suffix" => vec![json!("tail")],
-        "model" => vec![json!("another-model")],
+        "model" => vec![json!(""), json!(7)],
         "cache_salt" => vec![json!(""), json!("s".repeat(257))],
         "stop" => vec![
             json!(""),

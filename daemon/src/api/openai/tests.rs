@@ -15,12 +15,11 @@ fn parse(body: Value, ep: Endpoint) -> Result<(GenerateRequest, ResponseOptions)
     )
 }
 
-/// The message of a refused body (`404:` before a model-not-found one).
+/// The message of a refused body.
 fn refusal(body: Value, ep: Endpoint) -> String {
     match parse(body, ep) {
         Ok(_) => panic!("accepted"),
         Err(BodyError::Invalid(e)) => e.message,
-        Err(BodyError::ModelNotFound(m)) => format!("404: {m}"),
     }
 }
 
@@ -123,8 +122,8 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
             "stream must be a boolean (got \"yes\")",
         ),
         (
-            chat(json!({"model": "gpt-4"})),
-            "404: model: the model \"gpt-4\" does not exist",
+            chat(json!({"model": ""})),
+            "model must name the base model or a loaded LoRA adapter (got \"\")",
         ),
         (chat(json!({"model": 4})), "model must be a string (got 4)"),
         (
@@ -247,4 +246,43 @@ fn completions_logprobs_false_asks_for_none() {
         assert_eq!(o.logprobs, asked, "{logprobs}");
         assert_eq!(r.sampling.logprobs.is_some(), asked, "{logprobs}");
     }
+}
+
+/// `model` naming anything but the base names a LoRA adapter (resolved when the
+/// request starts); `lora_scale` rides along; `adapter` is the WebSocket's field only.
+#[test]
+fn model_names_the_base_or_an_adapter() {
+    let (r, _) = parse(chat(json!({"model": "m"})), Endpoint::Chat).expect("base");
+    assert_eq!(r.adapter, None);
+    let (r, _) = parse(
+        chat(json!({"model": "sql-lora", "lora_scale": 0.5})),
+        Endpoint::Chat,
+    )
+    .expect("adapter");
+    assert_eq!(
+        r.adapter,
+        Some(crate::request::AdapterChoice {
+            name: "sql-lora".into(),
+            scale: 0.5
+        })
+    );
+    let (r, _) = parse(json!({"prompt": "x", "model": "a"}), Endpoint::Completion).expect("ok");
+    assert_eq!(
+        r.adapter.map(|a| (a.name, a.scale)),
+        Some(("a".into(), 1.0))
+    );
+    assert!(refusal(chat(json!({"adapter": "a"})), Endpoint::Chat)
+        .starts_with("unknown field \"adapter\""));
+    assert_eq!(
+        refusal(chat(json!({"lora_scale": 2})), Endpoint::Chat),
+        "lora_scale needs an adapter (WebSocket \"adapter\", or an adapter's name as the \
+         OpenAI \"model\")"
+    );
+    assert_eq!(
+        refusal(
+            chat(json!({"model": "a", "lora_scale": 16.5})),
+            Endpoint::Chat
+        ),
+        "lora_scale must be a number in [-16, 16] (got 16.5)"
+    );
 }

@@ -425,6 +425,7 @@ fn full_generate_example() {
             cache: crate::request::CacheOptions::default(),
             tools: None,
             template_kwargs: Default::default(),
+            adapter: None,
         }))
     );
 }
@@ -1270,5 +1271,46 @@ fn response_format_rules() {
     invalid(
         generate(json!({"response_format": "json"})),
         "response_format must be an object with a \"type\" (got \"json\")",
+    );
+}
+
+/// `adapter` and `lora_scale` on the WebSocket.
+#[test]
+fn adapter_and_lora_scale() {
+    let adapter = |v: Value| match ok(v) {
+        ClientMessage::Generate(req) => req.adapter,
+        other => panic!("expected generate, got {other:?}"),
+    };
+    assert_eq!(adapter(generate(json!({}))), None);
+    assert_eq!(
+        adapter(generate(json!({"adapter": "a", "lora_scale": -0.25}))),
+        Some(crate::request::AdapterChoice {
+            name: "a".into(),
+            scale: -0.25
+        })
+    );
+    assert_eq!(
+        adapter(generate(json!({"adapter": "a"}))).map(|a| a.scale),
+        Some(1.0)
+    );
+    invalid(
+        generate(json!({"lora_scale": 1})),
+        "lora_scale needs an adapter",
+    );
+    invalid(
+        generate(json!({"adapter": "a", "lora_scale": "x"})),
+        "lora_scale must be a number",
+    );
+    invalid(
+        generate(json!({"adapter": "a", "lora_scale": -17})),
+        "lora_scale must be a number in [-16, 16] (got -17)",
+    );
+    invalid(
+        generate(json!({"adapter": ""})),
+        "adapter must be the name of a loaded LoRA adapter, 1 to 128 characters (got \"\")",
+    );
+    invalid(
+        generate(json!({"adapter": 3})),
+        "adapter must be a string (got 3)",
     );
 }

@@ -84,6 +84,7 @@ impl Sequence {
                     drafts: Vec::new(),
                     model_drafts: 0,
                     unpersisted: Vec::new(),
+                    adapter: self.adapter.clone(),
                 }
             })
             .collect()
