@@ -357,7 +357,7 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             chat(json!({"model": "gpt-4"})),
             404,
             "model_not_found",
-            "\"gpt-4\" does not exist",
+            "no model or LoRA adapter is named \"gpt-4\"",
         ),
         (
             chat(

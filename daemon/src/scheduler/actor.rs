@@ -197,6 +197,8 @@ impl SchedulerActor {
     }
 
     fn finish(&self, mut seq: Sequence, reason: FinishReason) {
+        // The adapter is free for unloading once the client sees the end.
+        seq.adapter = None;
         let t = seq.finish(reason);
         tracing::info!(
             id = %seq.client_id,
@@ -214,7 +216,8 @@ impl SchedulerActor {
         );
     }
 
-    fn fail(&self, seq: Sequence, error: InferError) {
+    fn fail(&self, mut seq: Sequence, error: InferError) {
+        seq.adapter = None;
         tracing::warn!(id = %seq.client_id, seq = %seq.id, error = %error.message, "request failed");
         seq.send(StreamEvent::Error(error));
         if seq.choices > 1 {
@@ -231,7 +234,8 @@ impl SchedulerActor {
         }
     }
 
-    fn end_cancelled(&self, seq: Sequence) {
+    fn end_cancelled(&self, mut seq: Sequence) {
+        seq.adapter = None;
         if seq.started {
             self.finish(seq, FinishReason::Cancelled);
         } else {
