@@ -286,4 +286,6 @@ pub(super) fn fit_pair(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 pub(crate) mod tests;
