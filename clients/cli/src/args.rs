@@ -106,6 +106,14 @@ pub struct GenerateOptions {
     /// sends `"cache_salt"`).
     #[arg(long, value_name = "SALT")]
     pub cache_salt: Option<String>,
+    /// Generate with this LoRA adapter of the daemon's (`inferd-cli models` lists
+    /// them) instead of the base model alone (sends `"adapter"`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
+    /// Scale of the adapter's delta (the daemon's default 1; it takes -16 to 16; sends
+    /// `"lora_scale"`).
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = number, requires = "adapter")]
+    pub lora_scale: Option<Number>,
     /// Print every protocol frame as received (one JSON per line) instead of the text.
     #[arg(long)]
     pub raw: bool,
@@ -163,6 +171,20 @@ mod tests {
         };
         assert_eq!(chat.options.temperature, Some(Number::from(-1)));
         assert_eq!(chat.options.top_p, Number::from_f64(-0.5));
+    }
+
+    #[test]
+    fn lora_scale_needs_an_adapter() {
+        let cli = parse(&["complete", "x", "--adapter", "sql", "--lora-scale", "-0.5"]);
+        let Command::Complete { options, .. } = cli.command else {
+            panic!("complete expected");
+        };
+        assert_eq!(options.adapter.as_deref(), Some("sql"));
+        assert_eq!(options.lora_scale, Number::from_f64(-0.5));
+        let e = Cli::try_parse_from(["inferd-cli", "chat", "hi", "--lora-scale", "2"])
+            .expect_err("a scale without an adapter")
+            .to_string();
+        assert!(e.contains("--adapter <NAME>"), "{e}");
     }
 
     #[test]

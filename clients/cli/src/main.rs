@@ -7,6 +7,7 @@
 //! inferd-cli complete "Once upon a time" --no-cache          # bypass the prefix cache
 //! inferd-cli chat "Hello" --cache-salt tenant-a              # share cache only within a salt
 //! inferd-cli chat "List three rivers" --top-p 0.9 --top-k 40 --stop "4."
+//! inferd-cli chat "SELECT?" --adapter sql --lora-scale 0.5    # a LoRA adapter, scaled
 //! inferd-cli chat                                            # interactive session
 //! inferd-cli chat --system "You are a pirate." --temperature 0
 //! inferd-cli stats                                           # engine state

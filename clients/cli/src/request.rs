@@ -47,6 +47,8 @@ pub fn generate(id: &str, input: Input, options: &GenerateOptions) -> Value {
     set("seed", options.seed.map(Value::from));
     set("cache", options.no_cache.then_some(Value::Bool(false)));
     set("cache_salt", options.cache_salt.as_ref().map(|s| json!(s)));
+    set("adapter", options.adapter.as_ref().map(|a| json!(a)));
+    set("lora_scale", options.lora_scale.clone().map(Value::from));
     Value::Object(frame)
 }
 
@@ -177,5 +179,22 @@ mod tests {
         let frame = chat_frame(&["chat", "hi", "--cache-salt", "s"]);
         assert_eq!(frame["cache_salt"], json!("s"));
         assert!(frame.get("cache").is_none());
+    }
+
+    #[test]
+    fn adapter_and_scale_are_sent() {
+        let frame = chat_frame(&["chat", "hi", "--adapter", "sql", "--lora-scale", "0.5"]);
+        assert_eq!(
+            frame,
+            json!({"type": "generate", "id": "cli-1",
+                   "messages": [{"role": "user", "content": "hi"}],
+                   "adapter": "sql", "lora_scale": 0.5})
+        );
+        // The daemon's default scale (1) is left to it; a scale is sent as written.
+        let frame = chat_frame(&["chat", "hi", "--adapter", "sql"]);
+        assert_eq!(frame["adapter"], json!("sql"));
+        assert!(frame.get("lora_scale").is_none());
+        let frame = chat_frame(&["chat", "hi", "--adapter", "sql", "--lora-scale", "-2"]);
+        assert_eq!(frame["lora_scale"].to_string(), "-2");
     }
 }
