@@ -29,12 +29,14 @@ pub struct DaemonSpec {
     pub log: PathBuf,
     /// How long to wait for the ready line.
     pub startup_timeout: Duration,
+    /// More `serve` arguments, after the others (e.g. `--lora-modules NAME=PATH`).
+    pub extra_args: Vec<String>,
 }
 
 impl DaemonSpec {
     /// The arguments after the binary.
     pub fn args(&self) -> Vec<String> {
-        vec![
+        let mut args: Vec<String> = vec![
             "serve".into(),
             "--config".into(),
             self.config.display().to_string(),
@@ -42,7 +44,9 @@ impl DaemonSpec {
             self.model.display().to_string(),
             "--listen".into(),
             "127.0.0.1:0".into(),
-        ]
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        args
     }
 
     /// The environment overrides and the whole command line, as a shell would run it.

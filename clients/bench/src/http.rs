@@ -211,6 +211,7 @@ pub fn run(cli: &Cli, setup: Setup) -> Result<()> {
         env: setup.env.clone(),
         log: setup.out_dir.join("inferd.stderr.log"),
         startup_timeout: Duration::from_secs(cli.startup_timeout),
+        extra_args: Vec::new(),
     };
     let mut daemon = Daemon::start(&spec)?;
     let timeout = Duration::from_secs(cli.request_timeout);

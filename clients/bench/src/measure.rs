@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
+use serde_json::json;
 use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 
@@ -20,8 +21,12 @@ use crate::{completion, http_client};
 /// An engine to measure.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// inferd's WebSocket URL.
-    Inferd { url: String },
+    /// inferd's WebSocket URL, and the LoRA adapter its requests name (`"adapter"`;
+    /// `None`: the base model).
+    Inferd {
+        url: String,
+        adapter: Option<String>,
+    },
     /// llama-server's `host:port`.
     LlamaServer { addr: String },
 }
@@ -38,7 +43,8 @@ pub struct Prompt {
 /// sent on it), a TCP connection made in advance for llama-server (used by the first
 /// request; later ones connect anew, before their send time).
 enum Session {
-    Ws(Box<Conn>),
+    /// The connection and the adapter its requests name.
+    Ws(Box<Conn>, Option<String>),
     Http {
         addr: String,
         sock: Option<TcpStream>,
@@ -48,7 +54,9 @@ enum Session {
 impl Session {
     async fn open(target: &Target) -> Result<Self> {
         Ok(match target {
-            Target::Inferd { url } => Session::Ws(Box::new(Conn::connect(url).await?)),
+            Target::Inferd { url, adapter } => {
+                Session::Ws(Box::new(Conn::connect(url).await?), adapter.clone())
+            }
             Target::LlamaServer { addr } => Session::Http {
                 addr: addr.clone(),
                 sock: Some(http_client::connect(addr).await?),
@@ -65,7 +73,14 @@ impl Session {
         timeout: Duration,
     ) -> Result<Trace> {
         match self {
-            Session::Ws(conn) => conn.generate(id, &prompt.text, max_tokens, timeout).await,
+            Session::Ws(conn, None) => conn.generate(id, &prompt.text, max_tokens, timeout).await,
+            Session::Ws(conn, Some(adapter)) => {
+                let frame = json!({
+                    "type": "generate", "id": id, "prompt": prompt.text,
+                    "max_tokens": max_tokens, "temperature": 0, "adapter": adapter,
+                });
+                conn.generate_frame(id, &frame, timeout).await
+            }
             Session::Http { addr, sock } => {
                 completion::generate(addr, sock.take(), &prompt.ids, max_tokens, timeout).await
             }
@@ -163,9 +178,24 @@ pub async fn level(
     max_tokens: u64,
     timeout: Duration,
 ) -> Result<(Level, Vec<Trace>)> {
+    let targets = vec![target.clone(); prompts.len()];
+    level_on(&targets, prompts, max_tokens, timeout).await
+}
+
+/// [`level`] with stream `i` sent to `targets[i]` (e.g. the same daemon with a different
+/// adapter per stream); `targets` and `prompts` have the same length.
+pub async fn level_on(
+    targets: &[Target],
+    prompts: &[Prompt],
+    max_tokens: u64,
+    timeout: Duration,
+) -> Result<(Level, Vec<Trace>)> {
     let n = prompts.len();
+    if targets.len() != n {
+        return Err(anyhow!("{} targets for {n} streams", targets.len()));
+    }
     let mut sessions = Vec::with_capacity(n);
-    for _ in 0..n {
+    for target in targets {
         sessions.push(Session::open(target).await?);
     }
     let barrier = Arc::new(Barrier::new(n));

@@ -320,6 +320,7 @@ impl Run<'_> {
             env,
             log,
             startup_timeout: Duration::from_secs(self.cli.startup_timeout),
+            extra_args: Vec::new(),
         }
     }
 

@@ -139,6 +139,7 @@ fn run_file(
         env: setup.env.clone(),
         log: setup.out_dir.join(format!("{stem}.inferd.log")),
         startup_timeout: Duration::from_secs(cli.startup_timeout),
+        extra_args: Vec::new(),
     };
     let busy_before_inferd = machine::other_cpu_busy();
     let inferd = run_inferd(cli, &spec, &gguf)?;
@@ -363,6 +364,7 @@ async fn measure_inferd(cli: &Cli, url: &str, gguf: &Gguf) -> Result<InferdRun> 
     let timeout = Duration::from_secs(cli.request_timeout);
     let target = Target::Inferd {
         url: url.to_owned(),
+        adapter: None,
     };
     let mut conn = Conn::connect(url).await?;
     let stats_before = Conn::connect(url).await?.stats().await;

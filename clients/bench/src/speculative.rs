@@ -202,6 +202,7 @@ pub fn run(cli: &Cli, setup: Setup) -> Result<()> {
         env: env.clone(),
         log: setup.out_dir.join(format!("{stem}.speculative.inferd.log")),
         startup_timeout: Duration::from_secs(cli.startup_timeout),
+        extra_args: Vec::new(),
     };
     eprintln!(
         "inferd-bench: speculative scenario: {} with {} threads, {} tokens per answer, {} reps, \
