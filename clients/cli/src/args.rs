@@ -20,7 +20,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "INFERD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Machine-readable output on stdout: one JSON object per answer (`chat`,
-    /// `complete`) or the server's frame (`stats`, `plugins`).
+    /// `complete`), the server's frame (`stats`, `plugins`) or body (`models`).
     #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
@@ -45,6 +45,9 @@ pub enum Command {
     Stats,
     /// List the Wasm plugins the daemon loaded.
     Plugins,
+    /// List the base model and the LoRA adapters the daemon serves (`GET /v1/models`
+    /// beside the WebSocket); `--adapter NAME` picks one.
+    Models,
 }
 
 /// Arguments of `chat`.
@@ -159,6 +162,7 @@ mod tests {
     fn json_is_accepted_before_and_after_the_subcommand() {
         assert!(parse(&["--json", "stats"]).json);
         assert!(parse(&["plugins", "--json"]).json);
+        assert!(parse(&["models", "--json"]).json);
         assert!(parse(&["chat", "hi", "--json"]).json);
         assert!(!parse(&["complete", "x"]).json);
     }

@@ -12,6 +12,7 @@
 //! inferd-cli chat --system "You are a pirate." --temperature 0
 //! inferd-cli stats                                           # engine state
 //! inferd-cli plugins                                         # loaded Wasm plugins
+//! inferd-cli models                                          # base model, LoRA adapters
 //! inferd-cli --json chat "2+2?"                              # one JSON object
 //! ```
 //!
@@ -41,6 +42,14 @@
 //! prefix cache hit rate, speculative acceptance, ...) and the loaded plugins (name,
 //! world, version, description), for people.
 //!
+//! **`models`**: the base model and the LoRA adapters the daemon serves (name, file),
+//! from `GET /v1/models` on the `--url`'s host and port (plain HTTP, with the API key).
+//! `chat` and `complete` generate with an adapter with `--adapter NAME` (sent as the
+//! `generate` frame's `adapter`; the base model without it) and scale its delta with
+//! `--lora-scale X` (`lora_scale`, default 1); a name the daemon does not serve is a
+//! server error `model_not_found` that lists the names it does. In a session the
+//! adapter applies to every turn.
+//!
 //! **`--json`** (any subcommand): machine-readable stdout. `chat QUESTION` / `complete`
 //! print one object when the answer ends:
 //! `{"text": "...", "finish_reason": "stop", "usage": {...}, "timings": {...}}`, where
@@ -53,7 +62,9 @@
 //! No stats line. An interactive session
 //! prints one such line per user turn (a connection lost mid-turn is
 //! `{"error": {"type": "connection", ...}}`) and nothing else on stdout: slash command
-//! output goes to stderr. `stats` and `plugins` print the server's frame as received.
+//! output goes to stderr. `stats` and `plugins` print the server's frame as received,
+//! `models` the daemon's `/v1/models` body (a refusal other than HTTP 401 as
+//! `{"error": {"type": CODE, "message": ...}}`).
 //! `--json` and `--raw` cannot be combined.
 
 mod answer;
@@ -64,6 +75,7 @@ mod conversation;
 mod info;
 mod input;
 mod interactive;
+mod models;
 mod oneshot;
 mod request;
 
@@ -84,7 +96,7 @@ fn main() -> ExitCode {
     let raw = match &cli.command {
         Command::Chat(chat) => chat.options.raw,
         Command::Complete { options, .. } => options.raw,
-        Command::Stats | Command::Plugins => false,
+        Command::Stats | Command::Plugins | Command::Models => false,
     };
     if raw && cli.json {
         Cli::command()
@@ -143,6 +155,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Stats => query(&runtime, &endpoint, Query::Stats, json),
         Command::Plugins => query(&runtime, &endpoint, Query::Plugins, json),
+        Command::Models => {
+            runtime.block_on(models::run(&endpoint, json, &mut std::io::stdout()))?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
