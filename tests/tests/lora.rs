@@ -485,3 +485,142 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
     let g = c.generate(chat("ok", "hi", None, 4)).await.expect("ok");
     assert!(g.error.is_none());
 }
+
+fn model_ids(daemon: &Daemon) -> Vec<String> {
+    let m = daemon
+        .http("GET", "/v1/models", &[], None)
+        .expect("models")
+        .json();
+    m["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .skip(1)
+        .filter_map(|x| x["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn sighup_applies_the_configs_adapters() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = dir.path().join("lora.toml");
+    let base = std::fs::read_to_string(inferd_e2e::workspace_root().join("configs/test.toml"))
+        .expect("test.toml");
+    let write = |adapters: &str| {
+        std::fs::write(
+            &config,
+            format!("{base}\n[lora]\nadapters = {{ {adapters} }}\n"),
+        )
+        .expect("write")
+    };
+    let f16 = adapter("smollm2-lora-f16.gguf");
+    let q8 = adapter("smollm2-lora-q8_0.gguf");
+    write(&format!("a = {f16:?}"));
+    let daemon = Daemon::start_config(&config, &[], &[("INFERD__SPECULATIVE__METHOD", "off")])
+        .expect("daemon");
+    assert_eq!(model_ids(&daemon), ["a"]);
+    write(&format!("b = {q8:?}, c = {f16:?}"));
+    daemon.signal("HUP").expect("hup");
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids = model_ids(&daemon);
+        if ids == ["b", "c"] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(ids, ["b", "c"], "{}", daemon.stderr_tail());
+    let mut c = daemon.connect().await.expect("connect");
+    let g = c
+        .generate(chat("a", "hi", Some(("a", 1.0)), 4))
+        .await
+        .expect("a");
+    assert_eq!(g.error_type(), Some("model_not_found"));
+    let g = c
+        .generate(chat("b", "hi", Some(("b", 1.0)), 4))
+        .await
+        .expect("b");
+    assert!(g.error.is_none(), "{:?}", g.error);
+    // A config naming a missing file: logged, and the other adapters stay.
+    write(&format!("b = {q8:?}, c = {f16:?}, z = \"/no/such.gguf\""));
+    daemon.signal("HUP").expect("hup");
+    for _ in 0..100 {
+        if daemon.stderr_tail().contains("/no/such.gguf") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        daemon.stderr_tail().contains("/no/such.gguf"),
+        "{}",
+        daemon.stderr_tail()
+    );
+    assert_eq!(model_ids(&daemon), ["b", "c"]);
+}
+
+/// Speculation (n-gram lookup, and a draft model, which drafts for the base) and plugins
+/// work with adapters: the adapter's tokens are the same with speculation on and off.
+#[tokio::test]
+async fn speculation_and_plugins_work_with_adapters() {
+    let model = inferd_e2e::model_path().display().to_string();
+    for (method, extra) in [
+        ("ngram", vec![]),
+        (
+            "draft",
+            vec![
+                ("INFERD__SPECULATIVE__DRAFT_MODEL", model.as_str()),
+                ("INFERD__SPECULATIVE__ROW_COST", "0.1"),
+                ("INFERD__SPECULATIVE__DRAFT_COST", "0.2"),
+            ],
+        ),
+    ] {
+        let args = modules();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut env = vec![("INFERD__SPECULATIVE__METHOD", method)];
+        env.extend(extra);
+        let daemon = Daemon::start_args(&args, &env).expect("daemon");
+        let mut c = daemon.connect().await.expect("connect");
+        let mut drafted = 0;
+        for (i, prompt) in [
+            "Repeat after me: the cat sat on the mat, the cat sat on the mat.",
+            "Write a short poem about the sea.",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let mut off = chat(&format!("off{i}"), prompt, Some(("a", 1.0)), 32);
+            off["speculative"] = json!(false);
+            let off = c.generate(off).await.expect("off");
+            let on = c
+                .generate(chat(&format!("on{i}"), prompt, Some(("a", 1.0)), 32))
+                .await
+                .expect("on");
+            assert!(on.error.is_none(), "{method}: {:?}", on.error);
+            assert_eq!(on.token_ids, off.token_ids, "{method} {prompt}");
+            drafted += on.done.as_ref().expect("done")["usage"]["draft_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        assert!(drafted > 0, "{method}: no drafts were verified");
+        // A plugin on an adapted request sees the adapter's logits.
+        let plain = c
+            .generate(chat("p0", "Say hello.", Some(("a", 1.0)), 12))
+            .await
+            .expect("plain");
+        let first_word = plain
+            .text
+            .split_whitespace()
+            .next()
+            .expect("a word")
+            .trim_matches(|ch: char| !ch.is_alphanumeric())
+            .to_string();
+        let mut banned = chat("p1", "Say hello.", Some(("a", 1.0)), 12);
+        banned["plugins"] = json!([{"name":"ban_words","config":{"words":[first_word]}}]);
+        let banned = c.generate(banned).await.expect("banned");
+        assert!(banned.error.is_none(), "{:?}", banned.error);
+        assert_ne!(
+            banned.token_ids, plain.token_ids,
+            "{method}: the plugin changed nothing"
+        );
+    }
+}

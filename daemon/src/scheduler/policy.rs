@@ -556,6 +556,11 @@ impl Scheduler {
             let need = self.blocks.blocks_for(total) - hits.len();
             let free = self.blocks.free_blocks() - self.blocks.evictable_among(&hits);
             if need + reserve > free {
+                // Not admitted: it holds no adapter weights while it waits (an idle
+                // adapter may be evicted meanwhile; it is looked up again).
+                if let Some(a) = self.waiting[at].adapter.as_mut() {
+                    a.lora = None;
+                }
                 break;
             }
             let Some(mut seq) = self.waiting.remove(at) else {

@@ -471,3 +471,65 @@ fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
     assert_eq!(ids, vec![500, 501, 501, 501, 502, 504]);
     assert!(rx1.try_recv().is_ok());
 }
+
+/// A request whose LoRA adapter is not resident waits (its load asked for) while the
+/// requests behind it are admitted; once loaded it is admitted with the weights; an
+/// adapter unregistered meanwhile fails its waiting requests.
+#[test]
+fn requests_wait_for_their_adapter_while_others_run() {
+    use crate::adapters::AdapterRegistry;
+    use crate::model::lora::tests::peft_dir;
+    use crate::model::lora::LoraBase;
+    use crate::model::reference_tests::{load_model, tiny_dir};
+    let model = load_model(&tiny_dir("llama"));
+    let reg = std::sync::Arc::new(AdapterRegistry::new(LoraBase::of(&model), 1, 64));
+    reg.register("a", &peft_dir("llama")).expect("a");
+    reg.register("b", &peft_dir("llama-rslora")).expect("b");
+    reg.register("c", &peft_dir("llama-layers")).expect("c");
+    let mut s = sched(8, 10, 100);
+    let mut keep = Vec::new();
+    for (id, adapter) in [(1, Some("a")), (2, Some("b")), (3, None), (4, Some("c"))] {
+        let (mut r, rx, c) = request(id, 5, 10);
+        r.adapter = adapter.map(|n| reg.lease(n, 1.0).expect("lease"));
+        s.submit(r).expect("submit");
+        keep.push((rx, c));
+    }
+    // a is resident (the one slot); b waits for it, and so does c; the base runs.
+    let (batch, admitted) = s.schedule();
+    assert_eq!(admitted, vec![SeqId(1), SeqId(3)]);
+    let with_adapter: Vec<bool> = batch.items.iter().map(|i| i.adapter.is_some()).collect();
+    assert_eq!(with_adapter, [true, false]);
+    assert!(s.take_adapter_loads().is_none(), "a runs: nothing to evict");
+    assert_eq!(s.stats().lora.running, ["a"]);
+    assert_eq!(s.stats().lora.waiting, ["b", "c"]);
+    // a's sequence ends: b's request evicts it and asks for b's load.
+    complete_step(&mut s, &[1, 3], 7);
+    drop(s.remove_running(SeqId(1)));
+    s.schedule();
+    let (r2, loads) = s.take_adapter_loads().expect("b's load");
+    assert_eq!(
+        loads.iter().map(|l| l.0.as_str()).collect::<Vec<_>>(),
+        ["b"]
+    );
+    r2.load_resident(&loads[0].0, &loads[0].1).expect("load b");
+    let (batch, admitted) = s.schedule();
+    assert_eq!(admitted, vec![SeqId(2)]);
+    assert!(batch
+        .items
+        .iter()
+        .any(|i| i.seq == SeqId(2) && i.adapter.is_some()));
+    // c is unloaded before its turn: its request fails, naming why.
+    drop(s.remove_running(SeqId(2)));
+    s.schedule();
+    let (r3, loads) = s.take_adapter_loads().expect("c's load");
+    // The file fails to load (here: a path that is no adapter under c's name).
+    let err = r3
+        .load_resident(&loads[0].0, &tiny_dir("llama"))
+        .expect_err("not an adapter");
+    assert!(err.to_string().contains("LoRA adapter `c`"), "{err}");
+    s.schedule();
+    let gone = s.take_gone();
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].0.id, SeqId(4));
+    assert!(gone[0].1.contains("LoRA adapter `c`"), "{}", gone[0].1);
+}
