@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,6 +22,17 @@ SMALL_CONTEXT = 40
 """The limited daemon's context window (``model.context_length``)."""
 MAX_WAITING = 1
 """The limited daemon's ``scheduler.max_waiting`` (with ``max_running`` 1)."""
+ADAPTER = "sql"
+"""The LoRA adapter the lora daemon serves (``smollm2-lora-f16.gguf``)."""
+
+
+def lora_file(name: str) -> Path:
+    """A LoRA adapter for the default model made by ``scripts/lora-gguf.sh files``, in
+    ``$INFERD_LORA_DIR`` (default ``~/.cache/inferd/lora``)."""
+    path = Path(os.environ.get("INFERD_LORA_DIR", Path.home() / ".cache" / "inferd" / "lora")) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run scripts/lora-gguf.sh files")
+    return path
 
 
 def server_schemas() -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "python"))
 
 import inferd_daemon  # noqa: E402
-from client_helpers import API_KEY, MAX_WAITING, SMALL_CONTEXT, FrameChecker  # noqa: E402
+from client_helpers import ADAPTER, API_KEY, MAX_WAITING, SMALL_CONTEXT, FrameChecker, lora_file  # noqa: E402
 
 
 @pytest.fixture
@@ -41,3 +41,14 @@ def limited_daemon() -> Iterator[inferd_daemon.Daemon]:
             "INFERD__SCHEDULER__MAX_WAITING": str(MAX_WAITING),
         }
     )
+
+
+@pytest.fixture(scope="session")
+def lora_daemon() -> Iterator[inferd_daemon.Daemon]:
+    """A daemon serving the LoRA adapter ``ADAPTER`` (``--lora-modules``) over the
+    default model."""
+    d = inferd_daemon.start(args=["--lora-modules", f"{ADAPTER}={lora_file('smollm2-lora-f16.gguf')}"])
+    try:
+        yield d
+    finally:
+        d.stop()

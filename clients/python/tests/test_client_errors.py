@@ -110,6 +110,8 @@ def test_the_api_key_is_checked_at_the_handshake(limited_daemon: Daemon) -> None
         ("plugin_trap", inferd.PluginTrapError),
         ("cancelled", inferd.RequestCancelledError),
         ("internal", inferd.InternalError),
+        ("model_not_found", inferd.ModelNotFoundError),
+        ("adapter_in_use", inferd.AdapterInUseError),
         ("from_the_future", inferd.InferdError),
     ],
 )

@@ -10,24 +10,27 @@
 
 from .client import DEFAULT_URL, Client, Connect, FrameHook, connect
 from .errors import (
+    AdapterInUseError,
     AuthenticationError,
     ConnectError,
     ConnectionClosedError,
     ContextLengthExceededError,
     InferdError,
     InternalError,
+    ModelNotFoundError,
     OverloadedError,
     PluginTrapError,
     RequestCancelledError,
     ValidationError,
 )
 from .events import Delta, Done, Echo, Event, Started, Timings, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from .info import PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
+from .info import LoraStats, Model, PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
 from .stream import Stream
 from .sync import SyncClient, SyncStream, connect_sync
 
 __all__ = [
     "DEFAULT_URL",
+    "AdapterInUseError",
     "AuthenticationError",
     "Client",
     "Connect",
@@ -41,6 +44,9 @@ __all__ = [
     "FrameHook",
     "InferdError",
     "InternalError",
+    "LoraStats",
+    "Model",
+    "ModelNotFoundError",
     "OverloadedError",
     "PluginCost",
     "PluginInfo",

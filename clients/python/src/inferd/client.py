@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import Any
@@ -14,9 +15,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from . import _http
 from ._encode import encode_frame
 from .errors import AuthenticationError, ConnectError, ConnectionClosedError, InferdError, error_from_frame
-from .info import Plugins, Stats
+from .info import Model, Plugins, Stats
 from .stream import Stream
 
 DEFAULT_URL = "ws://127.0.0.1:8080/v1/ws"
@@ -39,11 +41,23 @@ class Client:
     the client picks each request's id. When the connection is lost every open
     request raises :class:`~inferd.ConnectionClosedError`, and so does every later
     call: reconnecting is the caller's choice.
+
+    :meth:`models`, :meth:`load_adapter` and :meth:`unload_adapter` are HTTP calls to
+    the daemon's ``/v1/`` endpoints beside the WebSocket URL, with the same API key.
     """
 
-    def __init__(self, ws: ClientConnection, on_frame: FrameHook | None = None) -> None:
+    def __init__(
+        self,
+        ws: ClientConnection,
+        on_frame: FrameHook | None = None,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self._ws = ws
         self._on_frame = on_frame
+        self._url = url
+        self._api_key = api_key
         self._ids = itertools.count(1)
         self._routes: dict[str, asyncio.Queue[_Item]] = {}
         self._closed_reason: str | None = None
@@ -58,9 +72,21 @@ class Client:
         """Whether the connection is closed (by either side)."""
         return self._closed_reason is not None
 
-    def chat(self, messages: list[dict[str, Any]], **params: Any) -> Stream:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        adapter: str | None = None,
+        lora_scale: float | None = None,
+        **params: Any,
+    ) -> Stream:
         """A chat generation: ``messages`` are ``{"role": …, "content": …}`` dicts,
         rendered with the model's chat template.
+
+        ``adapter`` names a LoRA adapter the daemon serves (see :meth:`models`) to
+        generate with instead of the base model alone; ``lora_scale`` scales its delta
+        (the daemon's default 1, within [-16, 16]; only with an adapter). An adapter
+        the daemon does not serve raises :class:`~inferd.ModelNotFoundError`.
 
         ``params`` are the ``generate`` frame's other fields (``max_tokens``,
         ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
@@ -68,12 +94,21 @@ class Client:
         validated by the daemon; ``None`` values are left out. The request is sent
         when iteration starts.
         """
-        return Stream(self, self._generate_frame(messages=messages, **params))
+        return Stream(
+            self, self._generate_frame(messages=messages, adapter=adapter, lora_scale=lora_scale, **params)
+        )
 
-    def complete(self, prompt: str | list[int], **params: Any) -> Stream:
+    def complete(
+        self,
+        prompt: str | list[int],
+        *,
+        adapter: str | None = None,
+        lora_scale: float | None = None,
+        **params: Any,
+    ) -> Stream:
         """A raw completion of ``prompt`` (text, or token ids used unchanged); the
         parameters are :meth:`chat`'s (plus ``echo``)."""
-        return Stream(self, self._generate_frame(prompt=prompt, **params))
+        return Stream(self, self._generate_frame(prompt=prompt, adapter=adapter, lora_scale=lora_scale, **params))
 
     async def tokenize(self, text: str, special: bool = False) -> list[int]:
         """``text``'s token ids, without BOS or chat template; with ``special`` the text
@@ -94,12 +129,42 @@ class Client:
         """The Wasm plugins the daemon loaded."""
         return Plugins.from_frame(await self._call({"type": "plugins"}))
 
+    async def models(self) -> list[Model]:
+        """The base model (first) and the LoRA adapters the daemon serves
+        (``GET /v1/models``); an adapter's :attr:`~inferd.Model.id` is what
+        ``adapter=`` takes."""
+        body = json.loads(await self._http("GET", "models"))
+        return [Model.from_json(m) for m in body["data"]]
+
+    async def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """Loads the LoRA adapter at ``path`` (a GGUF adapter or a PEFT directory on
+        the daemon's machine) as ``name`` (``POST /v1/load_lora_adapter``); requests
+        may use ``adapter=name`` from then on. A file that does not load or fit the
+        base model, or a name already loaded, raises :class:`~inferd.ValidationError`."""
+        await self._http("POST", "load_lora_adapter", {"lora_name": name, "lora_path": os.fspath(path)})
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads the LoRA adapter ``name`` (``POST /v1/unload_lora_adapter``). An
+        unknown name raises :class:`~inferd.ModelNotFoundError`; an adapter requests
+        are generating with raises :class:`~inferd.AdapterInUseError` (retry when they
+        end)."""
+        await self._http("POST", "unload_lora_adapter", {"lora_name": name})
+
     async def close(self) -> None:
         """Closes the connection, which cancels its open requests (their streams raise
         :class:`~inferd.ConnectionClosedError`)."""
         self._closing = self._closing_by_user = True
         await self._ws.close()
         await self._reader
+
+    async def _http(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """An HTTP call to ``/v1/<path>`` beside the WebSocket; like every call, refused
+        once the connection is closed."""
+        if self._closed_reason is not None:
+            raise ConnectionClosedError(self._closed_reason, "connection_closed")
+        if self._url is None:
+            raise ConnectError("this client was made without its URL, so it has no HTTP endpoint")
+        return await _http.call(self._url, self._api_key, method, path, body)
 
     def _generate_frame(self, **fields: Any) -> dict[str, Any]:
         for reserved in ("type", "id"):
@@ -250,7 +315,7 @@ class Connect:
             # ValueError: a port out of range or not a number, a malformed IPv6 host.
             detail = str(exc) or type(exc).__name__
             raise ConnectError(f"cannot connect to {self._url}: {detail}") from exc
-        return Client(ws, self._on_frame)
+        return Client(ws, self._on_frame, url=self._url, api_key=self._api_key)
 
 
 def connect(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -52,6 +53,17 @@ class InternalError(InferdError):
     """``internal``: a failure inside the daemon; the connection stays usable."""
 
 
+class ModelNotFoundError(InferdError):
+    """``model_not_found``: the request named a LoRA adapter (``adapter=``) the daemon
+    does not serve; the message lists the ones it does. Also raised by
+    :meth:`~inferd.Client.unload_adapter` for an unknown name."""
+
+
+class AdapterInUseError(InferdError):
+    """``adapter_in_use``: :meth:`~inferd.Client.unload_adapter` was refused (HTTP 409)
+    because requests are generating with the adapter; retry when they end."""
+
+
 class AuthenticationError(InferdError):
     """The WebSocket handshake was refused with HTTP 401: the daemon's
     ``server.api_key`` is set and the key given was missing or wrong.
@@ -80,6 +92,8 @@ _BY_TAG: dict[str, type[InferdError]] = {
     "plugin_trap": PluginTrapError,
     "cancelled": RequestCancelledError,
     "internal": InternalError,
+    "model_not_found": ModelNotFoundError,
+    "adapter_in_use": AdapterInUseError,
 }
 
 
@@ -88,3 +102,19 @@ def error_from_frame(frame: dict[str, Any]) -> InferdError:
     body = frame.get("error") or {}
     tag = str(body.get("type", "unknown"))
     return _BY_TAG.get(tag, InferdError)(str(body.get("message", "")), tag, frame.get("id"))
+
+
+def error_from_http(status: int, body: bytes, url: str) -> InferdError:
+    """The exception for an HTTP error answer of the daemon, whose body is OpenAI's
+    ``{"error": {"message", "type", "param", "code"}}``: the class of the ``code``
+    (``validation``, ``model_not_found``, ``adapter_in_use``, ``invalid_api_key``, …);
+    a body that is not such JSON raises the base class tagged ``http_<status>``."""
+    try:
+        error = json.loads(body)["error"]
+        message, code = str(error["message"]), str(error["code"])
+    except (ValueError, KeyError, TypeError):
+        text = body.decode("utf-8", "replace").strip()[:200]
+        return InferdError(f"HTTP {status} from {url}: {text}", f"http_{status}")
+    if code == "invalid_api_key":
+        return AuthenticationError(message, code)
+    return _BY_TAG.get(code, InferdError)(message, code)

@@ -1,5 +1,5 @@
-"""Answers about the daemon itself: :class:`Stats` (``stats``) and :class:`Plugins`
-(``plugins``)."""
+"""Answers about the daemon itself: :class:`Stats` (``stats``), :class:`Plugins`
+(``plugins``) and :class:`Model` (``GET /v1/models``)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,14 @@ class SpeculativeStats:
 
 
 @dataclass(frozen=True)
+class LoraStats:
+    """The LoRA adapters the engine's sequences use now, sorted, each once."""
+
+    running: list[str]
+    waiting: list[str]
+
+
+@dataclass(frozen=True)
 class Stats:
     """The engine's state when it handled the ``stats`` request."""
 
@@ -64,15 +72,19 @@ class Stats:
     prompt_tokens_computed: int
     prefix_cache: PrefixCacheStats
     speculative: SpeculativeStats
+    lora: LoraStats | None = None
+    """The adapters in use (``None`` from a daemon without LoRA support)."""
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Stats:
         """Parses a ``stats`` frame."""
+        lora = frame.get("lora")
         return known_fields(
             cls,
             frame,
             prefix_cache=known_fields(PrefixCacheStats, frame["prefix_cache"]),
             speculative=known_fields(SpeculativeStats, frame["speculative"]),
+            lora=known_fields(LoraStats, lora) if isinstance(lora, dict) else None,
         )
 
 
@@ -138,3 +150,29 @@ class Plugins:
     def from_frame(cls, frame: dict[str, Any]) -> Plugins:
         """Parses a ``plugins`` frame."""
         return cls(frame["interface"], [_plugin(p) for p in frame["plugins"]])
+
+
+@dataclass(frozen=True)
+class Model:
+    """One entry of ``GET /v1/models``: the base model, listed first, or a LoRA adapter
+    served over it."""
+
+    id: str
+    """The name: an adapter's is what ``adapter=`` takes (and an OpenAI ``model``)."""
+    created: int
+    """When the base model was loaded, Unix seconds."""
+    owned_by: str
+    root: str
+    """The base model's id, or the adapter's file or directory."""
+    parent: str | None
+    """``None`` for the base model; the base model's id for an adapter."""
+
+    @property
+    def is_adapter(self) -> bool:
+        """Whether this is a LoRA adapter (not the base model)."""
+        return self.parent is not None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Model:
+        """Parses one ``data`` entry of ``/v1/models``."""
+        return known_fields(cls, data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import threading
 from collections.abc import Coroutine, Iterator
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 from .client import DEFAULT_URL, Client, FrameHook, connect
 from .events import Delta, Done, Event, Started
-from .info import Plugins, Stats
+from .info import Model, Plugins, Stats
 from .stream import Stream
 
 T = TypeVar("T")
@@ -121,13 +122,31 @@ class SyncClient:
             raise
         self._stopped = False
 
-    def chat(self, messages: list[dict[str, Any]], **params: Any) -> SyncStream:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        adapter: str | None = None,
+        lora_scale: float | None = None,
+        **params: Any,
+    ) -> SyncStream:
         """See :meth:`inferd.Client.chat`."""
-        return SyncStream(self._runner, self._client.chat(messages, **params))
+        return SyncStream(
+            self._runner, self._client.chat(messages, adapter=adapter, lora_scale=lora_scale, **params)
+        )
 
-    def complete(self, prompt: str | list[int], **params: Any) -> SyncStream:
+    def complete(
+        self,
+        prompt: str | list[int],
+        *,
+        adapter: str | None = None,
+        lora_scale: float | None = None,
+        **params: Any,
+    ) -> SyncStream:
         """See :meth:`inferd.Client.complete`."""
-        return SyncStream(self._runner, self._client.complete(prompt, **params))
+        return SyncStream(
+            self._runner, self._client.complete(prompt, adapter=adapter, lora_scale=lora_scale, **params)
+        )
 
     def tokenize(self, text: str, special: bool = False) -> list[int]:
         """See :meth:`inferd.Client.tokenize`."""
@@ -144,6 +163,18 @@ class SyncClient:
     def plugins(self) -> Plugins:
         """See :meth:`inferd.Client.plugins`."""
         return self._runner.run(self._client.plugins())
+
+    def models(self) -> list[Model]:
+        """See :meth:`inferd.Client.models`."""
+        return self._runner.run(self._client.models())
+
+    def load_adapter(self, name: str, path: str | os.PathLike[str]) -> None:
+        """See :meth:`inferd.Client.load_adapter`."""
+        self._runner.run(self._client.load_adapter(name, path))
+
+    def unload_adapter(self, name: str) -> None:
+        """See :meth:`inferd.Client.unload_adapter`."""
+        self._runner.run(self._client.unload_adapter(name))
 
     @property
     def closed(self) -> bool:
