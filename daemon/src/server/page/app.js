@@ -13,6 +13,7 @@ const ui = {
   transcript: $("transcript"), empty: $("empty"), composer: $("composer"), prompt: $("prompt"),
   send: $("send"), stop: $("stop"), newChat: $("new-chat"),
   settings: $("settings"), pluginList: $("plugin-list"), pluginsEmpty: $("plugins-empty"),
+  modelPick: $("model"), loraScale: $("lora_scale"),
   keyForm: $("key-form"), sidebar: $("key-form").parentElement, key: $("api-key"), remember: $("remember-key"), keyStatus: $("key-status"),
 };
 
@@ -87,11 +88,51 @@ async function connect() {
     return;
   }
   try {
-    const models = await probe.json();
-    const id = models && models.data && models.data[0] && models.data[0].id;
-    ui.model.textContent = id || "";
-  } catch (e) { /* the name is cosmetic */ }
+    renderModels(await probe.json());
+  } catch (e) { /* the list is refreshed after each answer */ }
   openSocket();
+}
+
+/** `GET /v1/models` again (adapters are loaded and unloaded at run time). */
+async function refreshModels() {
+  try {
+    const r = await fetch("v1/models", { headers: authHeaders(), cache: "no-store" });
+    if (r.ok) renderModels(await r.json());
+  } catch (e) { /* kept as it was */ }
+}
+
+/** Shows the base model's name and fills the model picker: the base model first (value
+ * "", no adapter sent), then each LoRA adapter (`parent` set). A chosen adapter that is
+ * gone stays chosen, marked, so nothing switches silently: sending names it and the
+ * daemon's `model_not_found` says what it serves. */
+function renderModels(models) {
+  const list = (models && Array.isArray(models.data)) ? models.data : [];
+  const base = list.find((m) => m && m.parent == null);
+  ui.model.textContent = (list[0] && list[0].id) || "";
+  const chosen = ui.modelPick.value;
+  const adapters = list.filter((m) => m && m.parent != null && typeof m.id === "string");
+  const group = (label, options) => {
+    const g = document.createElement("optgroup");
+    g.label = label;
+    g.append(...options);
+    return g;
+  };
+  const groups = [group("Base model", [new Option(base ? base.id : "Base model", "")])];
+  const loras = adapters.map((a) => {
+    const opt = new Option(a.id, a.id);
+    if (a.root) opt.title = a.root;
+    return opt;
+  });
+  if (chosen && !adapters.some((a) => a.id === chosen)) loras.push(new Option(chosen + " (not loaded)", chosen));
+  if (loras.length) groups.push(group("LoRA adapters", loras));
+  ui.modelPick.replaceChildren(...groups);
+  ui.modelPick.value = chosen;
+  syncScale();
+}
+
+/** The scale applies to an adapter only. */
+function syncScale() {
+  ui.loraScale.disabled = !ui.modelPick.value;
 }
 
 function refuse(message) {
@@ -256,6 +297,7 @@ function failActive(tag, message) {
 function endActive() {
   state.active.el.removeAttribute("aria-busy");
   state.active = null;
+  refreshModels();
   ui.stop.disabled = true;
   ui.stop.textContent = "Stop";
   ui.send.disabled = false;
@@ -273,19 +315,30 @@ function setMetric(a, cls, text) {
 const NUMBER_FIELDS = ["temperature", "top_p", "top_k", "max_tokens", "min_tokens", "seed"];
 const JSON_NUMBER = /^-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?$/;
 
-/** The settings as JSON members `"name":value`, numbers exactly as typed (so a seed up to
- * 2^64-1 keeps every digit); text that is no number goes as a string for the server to
- * refuse with its own message. Throws on a plugin config that is not JSON. */
+/** A number field's JSON: the number exactly as typed (so a seed up to 2^64-1 keeps every
+ * digit); text that is no number goes as a string for the server to refuse with its own
+ * message. */
+function numberJson(text) {
+  if (JSON_NUMBER.test(text)) return text;
+  if (text !== "" && Number.isFinite(Number(text))) return JSON.stringify(Number(text));
+  return JSON.stringify(text);
+}
+
+/** The settings as JSON members `"name":value` (numbers as {@link numberJson}); the
+ * chosen LoRA adapter as `"adapter"` with its `"lora_scale"` when one is typed. Throws on
+ * a plugin config that is not JSON. */
 function settingsMembers() {
   const members = [];
   for (const name of NUMBER_FIELDS) {
     const text = $(name).value.trim();
     if (!text) continue;
-    let value;
-    if (JSON_NUMBER.test(text)) value = text;
-    else if (text !== "" && Number.isFinite(Number(text))) value = JSON.stringify(Number(text));
-    else value = JSON.stringify(text);
-    members.push(JSON.stringify(name) + ":" + value);
+    members.push(JSON.stringify(name) + ":" + numberJson(text));
+  }
+  const adapter = ui.modelPick.value;
+  if (adapter) {
+    members.push('"adapter":' + JSON.stringify(adapter));
+    const scale = ui.loraScale.value.trim();
+    if (scale) members.push('"lora_scale":' + numberJson(scale));
   }
   const stops = $("stop-strings").value.split("\n").filter((s) => s !== "")
     .map((s) => s.replace(/\\n/g, "\n").replace(/\\t/g, "\t"));
@@ -334,6 +387,11 @@ function submit() {
   user.querySelector(".msg-text").textContent = text;
   const el = $("tpl-answer").content.firstElementChild.cloneNode(true);
   el.dataset.id = id;
+  if (ui.modelPick.value) {
+    const scale = ui.loraScale.value.trim();
+    el.querySelector(".m-adapter").textContent = ui.modelPick.value + (scale ? " × " + scale : "");
+    el.querySelector(".m-adapter-row").hidden = false;
+  }
   el.setAttribute("aria-busy", "true");
   ui.transcript.append(user, el);
   state.active = { id, userText: text, el, text: "", reasoning: "", started: null };
@@ -448,6 +506,7 @@ document.addEventListener("keydown", (e) => {
   if (e.key === "Escape" && state.active) { e.preventDefault(); stop(); }
 });
 ui.stop.addEventListener("click", stop);
+ui.modelPick.addEventListener("change", syncScale);
 ui.newChat.addEventListener("click", newChat);
 ui.keyForm.addEventListener("submit", (e) => {
   e.preventDefault();
