@@ -97,6 +97,7 @@ impl Metrics {
             ErrorKind::PluginTrap,
             ErrorKind::Cancelled,
             ErrorKind::Internal,
+            ErrorKind::ModelNotFound,
         ] {
             m.request_errors.with_label_values(&[kind.as_str()]);
         }
