@@ -37,6 +37,9 @@
 #                     with scripts/fetch-model.sh when missing)
 #   REBUILD=1         build even when WORK/bin already holds a binary of that commit
 #   KEEP_WORKTREES=1  leave the worktrees under WORK (default: removed after each build)
+#   BASE_ARGS, NEW_ARGS  extra `inferd serve` arguments for that side's daemon (split on
+#                     spaces), e.g. NEW_ARGS="--lora-modules a=FILE" with BASE = NEW to
+#                     count what adapters that are loaded but unused cost
 #   FORWARD_FN        the model's forward pass, whose inclusive cost is the "model" part
 #                     (default inferd::model::transformer::Model::forward_batch)
 #   ANALYZE_ONLY=1    no build and no runs: only the tables from the dumps already in WORK
@@ -157,13 +160,16 @@ run_side() { # side rev
     rm -rf "$dir"
     mkdir -p "$dir/store"
     local cg="$dir/callgrind.out"
-    echo "bench-instructions: $side ${rev:0:10}: starting under callgrind" >&2
+    local extra_var="${side^^}_ARGS"
+    local -a extra=()
+    read -r -a extra <<<"${!extra_var:-}"
+    echo "bench-instructions: $side ${rev:0:10}: starting under callgrind ${extra[*]}" >&2
     # Run from $dir so that no target/plugins is found; the plugins dir does not exist.
     (cd "$dir" && exec env INFERD__MODEL__THREADS=1 INFERD__MODEL__DEVICE=cpu \
         INFERD__PREFIX_STORE__PATH="$dir/store" INFERD__PLUGINS__DIR="$dir/no-plugins" \
         valgrind --tool=callgrind --callgrind-out-file="$cg" \
         "$work/bin/inferd-$rev" serve --config "$work/bin/inferd-$rev.toml" \
-        --model "$model" --listen 127.0.0.1:0 >"$dir/daemon.out" 2>"$dir/daemon.err") &
+        --model "$model" --listen 127.0.0.1:0 "${extra[@]}" >"$dir/daemon.out" 2>"$dir/daemon.err") &
     pid=$!
     local addr="" i
     for i in $(seq 1 1200); do
