@@ -748,3 +748,26 @@ pub fn log_softmax(logits: &[f64]) -> Vec<f64> {
     let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
     logits.iter().map(|l| l - lse).collect()
 }
+
+/// Runs `reqs` at once, one WebSocket connection each, on the daemon at `url`; returns
+/// the generations in order.
+///
+/// # Panics
+/// When a connection or a generation fails at the transport level.
+pub async fn concurrently(url: &str, reqs: Vec<Value>) -> Vec<Generation> {
+    let handles: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let url = url.to_string();
+            tokio::spawn(async move {
+                let mut c = Client::connect(&url).await.expect("connect");
+                c.generate(r).await.expect("generate")
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("join"));
+    }
+    out
+}

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use inferd_e2e::{Client, Daemon, Generation};
+use inferd_e2e::{concurrently, Client, Daemon};
 use serde_json::{json, Value};
 
 fn chat(id: &str, content: &str, max_tokens: u64) -> Value {
@@ -30,25 +30,6 @@ const TOPICS: [&str; 16] = [
     "a garden",
     "stars",
 ];
-
-/// Runs `reqs` at once, one connection each; returns the generations in order.
-async fn concurrently(url: &str, reqs: Vec<Value>) -> Vec<Generation> {
-    let handles: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let url = url.to_string();
-            tokio::spawn(async move {
-                let mut c = Client::connect(&url).await.expect("connect");
-                c.generate(r).await.expect("generate")
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("join"));
-    }
-    out
-}
 
 #[tokio::test]
 async fn sixteen_concurrent_streams_equal_their_solo_runs() {

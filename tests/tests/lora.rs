@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use inferd_e2e::{Client, Daemon, Generation};
+use inferd_e2e::{concurrently, Daemon, Generation};
 use serde_json::{json, Value};
 
 fn lora_dir() -> PathBuf {
@@ -77,24 +77,6 @@ const KINDS: [Option<(&str, f64)>; 5] = [
     Some(("c", 1.0)),
     Some(("d", 0.5)),
 ];
-
-async fn concurrently(url: &str, reqs: Vec<Value>) -> Vec<Generation> {
-    let handles: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let url = url.to_string();
-            tokio::spawn(async move {
-                let mut c = Client::connect(&url).await.expect("connect");
-                c.generate(r).await.expect("generate")
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("join"));
-    }
-    out
-}
 
 fn sixteen() -> Vec<Value> {
     let topics = [

@@ -8,7 +8,7 @@
 //! ([`super::quant_parity_tests`]): teacher-forced top-1 and its probability at every
 //! position, free-running greedy to the first difference.
 
-use super::quant_parity_tests::check_fixture;
+use super::quant_parity_tests::run_goals;
 use crate::test_support::workspace_root;
 
 /// `(label, free-running prompts equal in full, max |Δp|)` (measured; docs/lora.md).
@@ -37,35 +37,8 @@ const GOALS: [(&str, usize, f64); 8] = [
 ];
 
 fn run(label: &str) {
-    let Some(&(_, min_full, max_dp)) = GOALS.iter().find(|g| g.0 == label) else {
-        panic!("no goal for {label}");
-    };
     let dir = workspace_root().join("daemon/tests/fixtures/lora-gguf");
-    let r = check_fixture(&dir, label, max_dp);
-    let full = r.free.iter().filter(|(m, n)| m == n).count();
-    let report = format!(
-        "{label}: free-running {:?} (matched/total per prompt, {full} in full); teacher-forced \
-         top-1 {}/{}; max |Δp| {:.5}",
-        r.free, r.agree, r.positions, r.max_dp
-    );
-    eprintln!("{report}");
-    assert!(
-        r.clear_misses.is_empty(),
-        "{report}: top-1 differs where llama.cpp's is clear: {:#?}",
-        r.clear_misses
-    );
-    assert!(
-        r.agree * 10 >= r.positions * 9,
-        "{report}: teacher-forced agreement below 90 %"
-    );
-    assert!(
-        full >= min_full,
-        "{report}: fewer than {min_full} prompts equal in full"
-    );
-    assert!(
-        r.max_dp <= max_dp,
-        "{report}: probability differs by more than {max_dp}"
-    );
+    run_goals(&dir, &GOALS, label);
 }
 
 #[test]

@@ -58,17 +58,17 @@ fn top1_and_prob(logits: &[f32], t: u32) -> (u32, f64, f64) {
 
 /// Results of one file.
 #[derive(Default)]
-pub(super) struct FileResult {
+struct FileResult {
     /// Free-running: tokens equal to llama.cpp's before the first difference, per prompt.
-    pub free: Vec<(usize, usize)>,
+    free: Vec<(usize, usize)>,
     /// Teacher-forced positions and those where our top-1 equals llama.cpp's.
-    pub positions: usize,
-    pub agree: usize,
+    positions: usize,
+    agree: usize,
     /// Disagreements at positions where llama.cpp's top-2 margin exceeded twice the
     /// file's probability bound.
-    pub clear_misses: Vec<String>,
+    clear_misses: Vec<String>,
     /// Largest |our p(llama.cpp's top-1) − llama.cpp's p1|.
-    pub max_dp: f64,
+    max_dp: f64,
 }
 
 /// What each file must reach (measured on this commit line; docs/performance.md has
@@ -137,15 +137,6 @@ fn logits(
         .expect("logits")
 }
 
-fn check_file(label: &str, max_dp: f64) -> FileResult {
-    // INFERD_PARITY_REFS: another folder of references (scripts/quant-parity.sh with
-    // INFERD_QUANT_REFS), for experiments against other llama.cpp kernel paths.
-    let dir = std::env::var_os("INFERD_PARITY_REFS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("daemon/tests/fixtures/quant-parity"));
-    check_fixture(&dir, label, max_dp)
-}
-
 /// Where `scripts/lora-gguf.sh files` puts the GGUF adapters.
 pub(super) fn lora_dir() -> PathBuf {
     std::env::var_os("INFERD_LORA_DIR")
@@ -153,9 +144,11 @@ pub(super) fn lora_dir() -> PathBuf {
         .unwrap_or_else(|| quant_dir().with_file_name("lora"))
 }
 
-/// [`check_file`] of `dir/<label>.json`; a fixture whose `meta.adapter` names a GGUF
+/// The teacher-forced and free-running comparison of `dir/<label>.json`
+/// (`INFERD_PARITY_REFS`: another folder of references, `scripts/quant-parity.sh` with
+/// `INFERD_QUANT_REFS`, for experiments against other llama.cpp kernel paths); a fixture whose `meta.adapter` names a GGUF
 /// adapter runs with it at `meta.adapter.scale` (`scripts/lora-gguf.sh refs`).
-pub(super) fn check_fixture(dir: &std::path::Path, label: &str, max_dp: f64) -> FileResult {
+fn check_fixture(dir: &std::path::Path, label: &str, max_dp: f64) -> FileResult {
     let at = dir.join(format!("{label}.json"));
     let text = std::fs::read_to_string(&at).expect("fixture");
     let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
@@ -239,10 +232,20 @@ pub(super) fn check_fixture(dir: &std::path::Path, label: &str, max_dp: f64) -> 
 }
 
 fn run(label: &str) {
-    let Some(&(_, min_full, max_dp)) = GOALS.iter().find(|g| g.0 == label) else {
+    let dir = std::env::var_os("INFERD_PARITY_REFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("daemon/tests/fixtures/quant-parity"));
+    run_goals(&dir, &GOALS, label);
+}
+
+/// Checks `dir/<label>.json` against its entry in `goals`
+/// `(label, prompts equal in full, max |Δp|)`: no clear miss, teacher-forced top-1
+/// agreement ≥ 90 %, at least that many prompts in full, probabilities within the bound.
+pub(super) fn run_goals(dir: &std::path::Path, goals: &[(&str, usize, f64)], label: &str) {
+    let Some(&(_, min_full, max_dp)) = goals.iter().find(|g| g.0 == label) else {
         panic!("no goal for {label}");
     };
-    let r = check_file(label, max_dp);
+    let r = check_fixture(dir, label, max_dp);
     let full = r.free.iter().filter(|(m, n)| m == n).count();
     let report = format!(
         "{label}: free-running {:?} (matched/total per prompt, {full} in full); teacher-forced \
