@@ -96,19 +96,8 @@ do_files() {
         --smollm2 "$smollm2" --gemma3 "$gemma3" "${update[@]}"
 }
 
-server_pid=""
-server_log=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
-}
-cleanup() {
-    stop_server
-    if [ -n "$server_log" ]; then rm -f "$server_log"; fi
-}
+# shellcheck source=scripts/llama-server-lib.sh
+source "$root/scripts/llama-server-lib.sh"
 
 # start_server LABEL MODEL [LLAMA-SERVER-ARG...]: sets port; the server runs until stop_server
 start_server() {

@@ -88,19 +88,8 @@ do_files() {
         --build-info "$lldir/build-info.txt" "${update[@]}" "${types[@]}"
 }
 
-server_pid=""
-server_log=""
-stop_server() {
-    if [ -n "$server_pid" ]; then
-        kill "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-        server_pid=""
-    fi
-}
-cleanup() {
-    stop_server
-    if [ -n "$server_log" ]; then rm -f "$server_log"; fi
-}
+# shellcheck source=scripts/llama-server-lib.sh
+source "$root/scripts/llama-server-lib.sh"
 
 # ref_one LABEL FILE FAMILY SOURCE-DESCRIPTION [LLAMA-SERVER-ARG...]
 ref_one() {
