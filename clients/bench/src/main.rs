@@ -14,6 +14,11 @@
 //! target/release/inferd-bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf
 //! ```
 //!
+//! `--lora FILE` (repeatable) and/or `--lora-make N` add a LoRA section to the serve
+//! scenario: a daemon serving the adapters, single-stream prefill and decode with the
+//! first against the base, concurrent streams on one adapter against streams spread over
+//! several, and llama-server `--lora FILE` with the same file; see [`lora`].
+//!
 //! `--scenario prefix` runs the prefix KV cache benchmark of issue 5 instead (cold, warm
 //! and after-restart TTFT, decode with the disk tier writing vs. off, llama.cpp's prompt
 //! cache through llama-cpp-python) and writes `target/bench/prefix_bench.json`; see
@@ -35,6 +40,7 @@ mod http_client;
 mod llama_bench;
 mod llama_cpp;
 mod llama_server;
+mod lora;
 mod machine;
 mod measure;
 mod prefix;
@@ -226,6 +232,31 @@ struct Cli {
     /// else 5).
     #[arg(long)]
     spec_peer_draft_max: Option<usize>,
+    /// Serve scenario: a GGUF LoRA adapter of the model (repeatable) for the LoRA section;
+    /// the first is the single-stream adapter and the one llama-server gets (`--lora`).
+    /// Applies to every --model: with several, use --lora-make.
+    #[arg(long, value_name = "FILE")]
+    lora: Vec<PathBuf>,
+    /// Serve scenario: make N random rank-8 F16 adapters of each model (after the --lora
+    /// files) with scripts/lora-bench-adapters.sh, seeds --lora-seed.., cached as
+    /// ~/.cache/inferd/lora/<model stem>-r8-s<seed>.gguf (INFERD_LORA_DIR), for the LoRA
+    /// section.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    lora_make: usize,
+    /// Serve scenario: the first seed of --lora-make.
+    #[arg(long, default_value_t = 1)]
+    lora_seed: u64,
+    /// Serve scenario: adapters the LoRA section's mixed streams go round-robin over.
+    #[arg(long, default_value_t = 4)]
+    lora_mix: usize,
+    /// Serve scenario: concurrent streams of the LoRA section (all on one adapter, over
+    /// --lora-mix adapters, on the base).
+    #[arg(long, default_value_t = 16)]
+    lora_streams: usize,
+    /// Serve scenario: rounds of the LoRA section's concurrent streams (the three arms
+    /// alternate; the fastest round of each counts).
+    #[arg(long, default_value_t = 1)]
+    lora_rounds: usize,
 }
 
 fn main() -> Result<()> {
@@ -239,6 +270,14 @@ fn main() -> Result<()> {
         || cli.max_tokens == 0
     {
         bail!("--prefill-reps, --decode-reps, --prefill-tokens and --max-tokens must be >= 1");
+    }
+    if lora::wanted(&cli) {
+        if cli.scenario != Scenario::Serve {
+            bail!("--lora and --lora-make belong to the serve scenario");
+        }
+        if cli.lora_mix == 0 || cli.lora_streams == 0 || cli.lora_rounds == 0 {
+            bail!("--lora-mix, --lora-streams and --lora-rounds must be >= 1");
+        }
     }
     let root = match &cli.root {
         Some(root) => root.clone(),

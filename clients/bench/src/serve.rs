@@ -20,7 +20,7 @@ use crate::llama_cpp::LlamaCpp;
 use crate::llama_server::{LlamaServer, ServerSpec};
 use crate::machine::{self, Machine};
 use crate::measure::{self, Prompt, Target};
-use crate::{prompts, report, Cli};
+use crate::{lora, prompts, report, Cli};
 
 /// The warm-up prompt of both engines (also tells whether inferd adds a BOS token).
 const WARM_UP: &str = "Hello, my name is";
@@ -41,13 +41,13 @@ pub struct Setup {
 
 /// The prompts of one file, as both engines get them.
 #[derive(Debug, Clone, Serialize)]
-struct Prompts {
-    warm_up: Prompt,
-    prefill: Vec<Prompt>,
-    decode: Prompt,
-    concurrent: Vec<Prompt>,
+pub struct Prompts {
+    pub warm_up: Prompt,
+    pub prefill: Vec<Prompt>,
+    pub decode: Prompt,
+    pub concurrent: Vec<Prompt>,
     /// Whether inferd put a BOS token before the prompt (then the ids start with it).
-    bos_added: bool,
+    pub bos_added: bool,
 }
 
 /// inferd's side of one file.
@@ -124,6 +124,12 @@ fn run_file(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let threads = setup.threads;
+    // Made (or checked) before anything runs, so a bad adapter fails at once.
+    let lora_files = if lora::wanted(cli) {
+        Some(lora::adapters(cli, &setup.root, model)?)
+    } else {
+        None
+    };
     eprintln!(
         "\ninferd-bench: {} ({}, {} B) with {threads} threads",
         model.display(),
@@ -144,6 +150,16 @@ fn run_file(
     let busy_before_inferd = machine::other_cpu_busy();
     let inferd = run_inferd(cli, &spec, &gguf)?;
     let mut notes = inferd.notes.clone();
+    let (lora_run, lora_error) = match &lora_files {
+        Some(files) => match lora::run_inferd(cli, &spec, &stem, files, &inferd.prompts) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        },
+        None => (None, None),
+    };
+    if let Some(e) = &lora_error {
+        eprintln!("inferd-bench: LoRA daemon: {e}");
+    }
 
     let plan = kv_plan(cli, &inferd, per_token);
     if let Some(logged) = inferd.logged_kv_bytes_per_token {
@@ -167,6 +183,27 @@ fn run_file(
     };
     if let Some(e) = &peer_error {
         eprintln!("inferd-bench: llama-server: {e}");
+    }
+    let (lora_peer, lora_peer_error) = match (&lora_run, llama) {
+        (Some(r), Ok(l)) => match lora::run_peer(
+            cli,
+            l,
+            model,
+            threads,
+            plan.llama_ctx,
+            &setup.out_dir,
+            &stem,
+            &r.adapter_files[0],
+            &inferd.prompts,
+        ) {
+            Ok(p) => (Some(p), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        },
+        (Some(_), Err(e)) => (None, Some(e.clone())),
+        (None, _) => (None, None),
+    };
+    if let Some(e) = &lora_peer_error {
+        eprintln!("inferd-bench: llama-server --lora: {e}");
     }
     let (bench, bench_error) = match llama {
         Ok(_) if cli.no_llama_bench => (None, Some("skipped (--no-llama-bench)".to_owned())),
@@ -255,6 +292,43 @@ fn run_file(
     for n in &notes {
         println!("note: {n}");
     }
+    let lora_json = match (&lora_run, &lora_error) {
+        (Some(r), _) => {
+            let (rows, goals) =
+                lora::rows_and_goals(cli, r, lora_peer.as_ref(), &inferd.figures, peer_figures);
+            print!("{}", lora::render(r, &rows, &goals));
+            if let Some(e) = &lora_peer_error {
+                println!("LoRA: no llama-server --lora: {e}");
+            }
+            if let Some(p) = &lora_peer {
+                if p.decode_text != r.adapter.decode_text {
+                    println!(
+                        "LoRA note: the greedy decode texts of inferd and llama-server with the \
+                         adapter differ (see lora.decode_texts)"
+                    );
+                }
+            }
+            for n in r
+                .notes
+                .iter()
+                .chain(lora_peer.iter().flat_map(|p| p.notes.iter()))
+            {
+                println!("LoRA note: {n}");
+            }
+            Some(lora::to_json(
+                r,
+                lora_peer.as_ref(),
+                lora_peer_error.as_deref(),
+                &rows,
+                &goals,
+            ))
+        }
+        (None, Some(e)) => {
+            println!("\nLoRA: failed: {e}");
+            Some(json!({"error": e}))
+        }
+        (None, None) => None,
+    };
 
     let (commit, dirty) = crate::git_state(&setup.root);
     let decode_texts = json!({
@@ -262,7 +336,7 @@ fn run_file(
         "llama_server": peer.as_ref().map(|p| &p.decode_text),
         "equal": peer.as_ref().map(|p| p.decode_text == inferd.decode_text),
     });
-    Ok(json!({
+    let mut result = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "date": chrono::Utc::now().to_rfc3339(),
         "git_commit": commit,
@@ -307,7 +381,11 @@ fn run_file(
         "table": rows,
         "goals": goals,
         "notes": notes,
-    }))
+    });
+    if let Some(l) = lora_json {
+        result["lora"] = l;
+    }
+    Ok(result)
 }
 
 /// Starts the daemon, builds the prompts with its tokenizer, measures it, stops it.
@@ -336,7 +414,7 @@ fn run_inferd(cli: &Cli, spec: &DaemonSpec, gguf: &Gguf) -> Result<InferdRun> {
     Ok(run)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -411,7 +489,11 @@ async fn measure_inferd(cli: &Cli, url: &str, gguf: &Gguf) -> Result<InferdRun> 
     }
     let decode = prompt_of(&mut conn, prompts::decode_prompt(), bos).await?;
     let mut concurrent = Vec::new();
-    for text in prompts::concurrent_prompts(cli.concurrency.iter().copied().max().unwrap_or(1)) {
+    let mut streams = cli.concurrency.iter().copied().max().unwrap_or(1);
+    if lora::wanted(cli) {
+        streams = streams.max(cli.lora_streams);
+    }
+    for text in prompts::concurrent_prompts(streams) {
         concurrent.push(prompt_of(&mut conn, text, bos).await?);
     }
     let prompts = Prompts {
@@ -458,7 +540,7 @@ async fn measure_inferd(cli: &Cli, url: &str, gguf: &Gguf) -> Result<InferdRun> 
 /// Prefill, decode and the given levels on one engine (the same code for both). Returns
 /// the figures (without RSS), the decode text and per-run details for the JSON. Prompt
 /// lengths the engine reports that differ from the ids are added to `notes`.
-async fn measure_engine(
+pub async fn measure_engine(
     cli: &Cli,
     target: &Target,
     prompts: &Prompts,
