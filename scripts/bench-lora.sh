@@ -12,8 +12,8 @@
 #
 # MODEL defaults to ~/.cache/inferd/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; the JSON goes to
 # target/bench/lora-<model stem>.json (a later --out wins). Builds inferd and inferd-bench first
-# (release). About 6 minutes on the 1.5B with 2 threads: the main section as usual, then a second
-# daemon with the adapters, then llama-server -np 1 --lora.
+# (release). Roughly 7 minutes on the 1.5B with 2 threads (estimated, not timed): the main section,
+# then a second daemon with the adapters, then llama-server -np 1 --lora.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
