@@ -50,12 +50,13 @@ impl Quant for F16Weights {
         {
             if isa == Isa::Avx512 {
                 // SAFETY: `Isa::Avx512` means AVX-512 F (with AVX2, FMA and F16C) was
-                // detected; the loads stay within the first `np` values of both rows.
-                return tail(unsafe { x86::main_avx512(w, a, np) }, w, a, np);
+                // detected; the loads stay within the first `np` values of both rows, the
+                // leftovers' within both rows (checked above).
+                return unsafe { x86::tail_f16c(x86::main_avx512(w, a, np), w, a, np) };
             }
             if isa.has_avx2() {
                 // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected; as above.
-                return tail(unsafe { x86::main_avx2(w, a, np) }, w, a, np);
+                return unsafe { x86::tail_f16c(x86::main_avx2(w, a, np), w, a, np) };
             }
         }
         let _ = isa;
@@ -139,6 +140,33 @@ mod x86 {
         reduce_add_16(lo, hi)
     }
 
+    /// [`super::tail`] with the values widened and multiplied eight at a time: each f32
+    /// product (exact for f16 values) is still widened and added to the f64 sum in index
+    /// order, so the result is the same bits. The leftovers are all of a row shorter than
+    /// 64 values (a LoRA adapter's `B`, whose rows are `r` long).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tail_f16c(s: f32, w: &[u8], a: &[u16], np: usize) -> f32 {
+        let (x, y) = (w.as_ptr() as *const u16, a.as_ptr());
+        let n = a.len();
+        let mut sumf = f64::from(s);
+        let mut i = np;
+        let mut p = [0f32; 8];
+        while i + 8 <= n {
+            _mm256_storeu_ps(
+                p.as_mut_ptr(),
+                _mm256_mul_ps(load8(x.add(i)), load8(y.add(i))),
+            );
+            for v in p {
+                sumf += f64::from(v);
+            }
+            i += 8;
+        }
+        for (j, &v) in a.iter().enumerate().skip(i) {
+            sumf += f64::from(super::le_f16(w, 2 * j) * super::f16_to_f32(v));
+        }
+        sumf as f32
+    }
+
     /// ggml's own main loop (`__m512`).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) unsafe fn main_avx512(w: &[u8], a: &[u16], np: usize) -> f32 {
@@ -184,6 +212,27 @@ mod tests {
                 "{v} vs {}",
                 want[0]
             );
+        }
+    }
+
+    /// Rows shorter than the main loop's step, and leftovers of every length, give the
+    /// portable `tail`'s bits on every ISA (the widened products eight at a time).
+    #[test]
+    fn leftovers_are_the_same_on_every_isa() {
+        use crate::testing::{quantize, random};
+        for k in [1, 7, 8, 9, 16, 24, 63, 64, 65, 72, 100] {
+            let (w, _) = quantize(
+                &random(k, k as u64),
+                1,
+                k,
+                candle_core::quantized::GgmlDType::F16,
+            );
+            let a = Activations::<crate::act::F16>::quantize(&random(k, 99), 1, k).expect("a");
+            let want = super::F16Weights::vec_dot(Isa::Portable, &w, a.row(0));
+            for isa in Isa::available() {
+                let got = super::F16Weights::vec_dot(isa, &w, a.row(0));
+                assert_eq!(got.to_bits(), want.to_bits(), "k {k}, {}", isa.name());
+            }
         }
     }
 

@@ -92,9 +92,11 @@ impl<'a> RowAdapters<'a> {
 }
 
 /// Adds the adapters' deltas to `y` `(n, out)`, the base output of `lin` for host rows
-/// `xs` `(n, in)`; each adapter's rows are gathered, run through `A` then `B` (on
-/// llama.cpp's kernel for their micro-batch places when `batch` is given), scaled,
-/// and added in place.
+/// `xs` `(n, in)`. Each adapter's rows are gathered; every (adapter, part) product
+/// `B(A x)` is one task of a single dispatch of the thread team (the products are small:
+/// inside a task the kernels run on its thread, on llama.cpp's kernel for the rows'
+/// micro-batch places when `batch` is given); then each delta is scaled and added in
+/// place, in adapter and part order.
 ///
 /// # Errors
 /// A candle error from a kernel; `rows` not matching the row count.
@@ -113,33 +115,70 @@ pub fn add_host(
         candle_core::bail!("{} adapter rows for {n} activation rows", rows.row.len());
     }
     let (out, k) = lin.dims();
-    for (u, group) in rows.groups() {
-        let scale = u.adapter.scale(u.scale);
-        let mut xg = Vec::with_capacity(group.len() * k);
-        for &r in &group {
-            xg.extend_from_slice(&xs[r * k..(r + 1) * k]);
-        }
-        let bg: Vec<BatchRow> = if batch.len() == n {
-            group.iter().map(|&r| batch[r]).collect()
-        } else {
-            Vec::new()
-        };
+    struct Group<'a> {
+        adapter: AdapterUse<'a>,
+        rows: Vec<usize>,
+        x: Vec<f32>,
+        batch: Vec<BatchRow>,
+    }
+    let groups: Vec<Group<'_>> = rows
+        .groups()
+        .into_iter()
+        .map(|(adapter, group)| {
+            let mut x = Vec::with_capacity(group.len() * k);
+            for &r in &group {
+                x.extend_from_slice(&xs[r * k..(r + 1) * k]);
+            }
+            let batch = if batch.len() == n {
+                group.iter().map(|&r| batch[r]).collect()
+            } else {
+                Vec::new()
+            };
+            Group {
+                adapter,
+                rows: group,
+                x,
+                batch,
+            }
+        })
+        .collect();
+    // (group, part, first output column) of every adapted part.
+    let mut jobs = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
         let mut at = 0;
-        for part in &lin.parts {
-            let pair = part.site.and_then(|s| u.adapter.pairs.get(&s));
-            if let Some(p) = pair {
-                let t = p.a.forward_host_batch(&xg, group.len(), &bg)?;
-                let d = p.b.forward_host_batch(&t, group.len(), &bg)?;
-                let w = part.width;
-                for (j, &r) in group.iter().enumerate() {
-                    let dst = &mut y[r * out + at..r * out + at + w];
-                    for (yv, &dv) in dst.iter_mut().zip(&d[j * w..(j + 1) * w]) {
-                        // ggml_scale, then ggml_add (PEFT: `result + delta * scaling`).
-                        *yv += dv * scale;
-                    }
-                }
+        for (p, part) in lin.parts.iter().enumerate() {
+            if part
+                .site
+                .is_some_and(|s| group.adapter.adapter.pairs.contains_key(&s))
+            {
+                jobs.push((g, p, at));
             }
             at += part.width;
+        }
+    }
+    let deltas = inferd_kernels::team::map(jobs.len(), |j| {
+        let (g, p, _) = jobs[j];
+        let (group, part) = (&groups[g], &lin.parts[p]);
+        let pair = part
+            .site
+            .and_then(|s| group.adapter.adapter.pairs.get(&s))
+            .ok_or_else(|| candle_core::Error::Msg("adapter pair vanished".into()))?;
+        let t = pair
+            .a
+            .forward_host_batch(&group.x, group.rows.len(), &group.batch)?;
+        pair.b
+            .forward_host_batch(&t, group.rows.len(), &group.batch)
+    });
+    for (&(g, p, at), d) in jobs.iter().zip(deltas) {
+        let d = d?;
+        let (group, w) = (&groups[g], lin.parts[p].width);
+        let scale = group.adapter.adapter.scale(group.adapter.scale);
+        for (j, &r) in group.rows.iter().enumerate() {
+            let dst = &mut y[r * out + at..r * out + at + w];
+            for (yv, &dv) in dst.iter_mut().zip(&d[j * w..(j + 1) * w]) {
+                // ggml_scale, then ggml_add (PEFT: `result + delta * scaling`).
+                *yv += dv * scale;
+            }
         }
     }
     Ok(())

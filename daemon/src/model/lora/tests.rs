@@ -372,3 +372,41 @@ fn tensor_backend_applies_adapters_on_every_architecture() {
         assert_eq!(argmax(&ours), argmax(&theirs), "{arch}");
     }
 }
+
+/// Timing probe (by hand): decode steps of the default model alone and with a GGUF
+/// adapter, `INFERD_LORA_PROBE=path/to/adapter.gguf cargo test --release -p inferd --lib
+/// lora_decode_probe -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing probe, run by hand"]
+fn lora_decode_probe() {
+    let Some(path) = std::env::var_os("INFERD_LORA_PROBE") else {
+        return;
+    };
+    let model = load_model(&crate::test_support::default_model_path());
+    let a = LoraAdapter::load(
+        "probe",
+        std::path::Path::new(&path),
+        &LoraBase::of(&model),
+        None,
+    )
+    .expect("adapter");
+    for round in 0..3 {
+        for (what, u) in [("base", None), ("lora", use_of(&a))] {
+            let mut kv = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
+            let prompt: Vec<u32> = (0..128).map(|i| 100 + i).collect();
+            let t0 = std::time::Instant::now();
+            model.forward_with(&prompt, &mut kv, u).expect("prefill");
+            let pf = t0.elapsed().as_secs_f64();
+            let t1 = std::time::Instant::now();
+            for i in 0..32 {
+                model.forward_with(&[200 + i], &mut kv, u).expect("decode");
+            }
+            let dc = t1.elapsed().as_secs_f64();
+            eprintln!(
+                "round {round} {what}: prefill {:.1} tok/s, decode {:.1} tok/s",
+                128.0 / pf,
+                32.0 / dc
+            );
+        }
+    }
+}
