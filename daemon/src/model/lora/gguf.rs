@@ -43,6 +43,10 @@ fn tensor_parts(arch: Architecture, name: &str) -> Option<&'static [Proj]> {
     })
 }
 
+/// Largest adapter matrix read, values (a rank-4096 adapter of a 262,144-wide
+/// projection).
+const MAX_ELEMENTS: usize = 1 << 30;
+
 const SUPPORTED_TENSORS: &str =
     "attn_q, attn_k, attn_v, attn_qkv, attn_output, ffn_gate, ffn_up, ffn_down";
 
@@ -169,10 +173,13 @@ pub(super) fn read(adapter: &str, path: &Path, lb: &LoraBase) -> Result<RawAdapt
                     "tensor `{name}` has type {ty:?} (llama.cpp's adapters are F32, F16, BF16 or Q8_0)"
                 )));
             }
-            if info.shape.dims().len() != 2 {
+            let dims = info.shape.dims();
+            // Checked before candle counts the elements (a damaged header's dimensions
+            // may overflow the product).
+            let elems = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if dims.len() != 2 || elems.is_none_or(|e| e > MAX_ELEMENTS) {
                 return Err(err(format!(
-                    "tensor `{name}` has shape {:?}, not a matrix",
-                    info.shape.dims()
+                    "tensor `{name}` has shape {dims:?}, not a matrix of at most {MAX_ELEMENTS} values"
                 )));
             }
             let t = content
