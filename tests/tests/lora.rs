@@ -606,3 +606,30 @@ async fn speculation_and_plugins_work_with_adapters() {
         );
     }
 }
+
+/// The adapter endpoints sit behind the API key like every `/v1/` route.
+#[tokio::test]
+async fn load_and_unload_need_the_api_key() {
+    let daemon = start("4", &[("INFERD__SERVER__API_KEY", "sk-lora")]);
+    let body =
+        json!({"lora_name": "k", "lora_path": adapter("smollm2-lora-f32-r4.gguf")}).to_string();
+    let r = daemon
+        .http("POST", "/v1/load_lora_adapter", &[], Some(&body))
+        .expect("load");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let key = [("Authorization", "Bearer sk-lora")];
+    let r = daemon
+        .http("POST", "/v1/load_lora_adapter", &key, Some(&body))
+        .expect("load");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let unload = json!({"lora_name": "k"}).to_string();
+    let r = daemon
+        .http("POST", "/v1/unload_lora_adapter", &[], Some(&unload))
+        .expect("unload");
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = daemon
+        .http("POST", "/v1/unload_lora_adapter", &key, Some(&unload))
+        .expect("unload");
+    assert_eq!(r.status, 200, "{}", r.body);
+}
