@@ -771,3 +771,23 @@ pub async fn concurrently(url: &str, reqs: Vec<Value>) -> Vec<Generation> {
     }
     out
 }
+
+/// Sixteen short chat topics for tests that run many distinct streams at once.
+pub const TOPICS: [&str; 16] = [
+    "the sea",
+    "Rust",
+    "a cat",
+    "the moon",
+    "bread",
+    "trains",
+    "winter",
+    "music",
+    "a forest",
+    "coffee",
+    "mountains",
+    "the city",
+    "rain",
+    "books",
+    "a garden",
+    "stars",
+];

@@ -4,32 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use inferd_e2e::{concurrently, Client, Daemon};
+use inferd_e2e::{concurrently, Client, Daemon, TOPICS};
 use serde_json::{json, Value};
 
 fn chat(id: &str, content: &str, max_tokens: u64) -> Value {
     json!({"type":"generate","id":id,"messages":[{"role":"user","content":content}],
            "max_tokens":max_tokens,"temperature":0})
 }
-
-const TOPICS: [&str; 16] = [
-    "the sea",
-    "Rust",
-    "a cat",
-    "the moon",
-    "bread",
-    "trains",
-    "winter",
-    "music",
-    "a forest",
-    "coffee",
-    "mountains",
-    "the city",
-    "rain",
-    "books",
-    "a garden",
-    "stars",
-];
 
 #[tokio::test]
 async fn sixteen_concurrent_streams_equal_their_solo_runs() {

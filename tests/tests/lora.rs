@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use inferd_e2e::{concurrently, Daemon, Generation};
+use inferd_e2e::{concurrently, Daemon, Generation, TOPICS};
 use serde_json::{json, Value};
 
 fn lora_dir() -> PathBuf {
@@ -79,25 +79,7 @@ const KINDS: [Option<(&str, f64)>; 5] = [
 ];
 
 fn sixteen() -> Vec<Value> {
-    let topics = [
-        "the sea",
-        "Rust",
-        "a cat",
-        "the moon",
-        "bread",
-        "trains",
-        "winter",
-        "music",
-        "a forest",
-        "coffee",
-        "mountains",
-        "the city",
-        "rain",
-        "books",
-        "a garden",
-        "stars",
-    ];
-    topics
+    TOPICS
         .iter()
         .enumerate()
         .map(|(i, t)| {

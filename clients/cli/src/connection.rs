@@ -11,6 +11,19 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+/// The message of an HTTP 401 from the daemon at `url` (WebSocket handshake or HTTP
+/// request), saying whether a key was sent.
+pub fn key_refused(url: &str, sent_key: bool) -> String {
+    format!(
+        "{url} {} (HTTP 401): pass the daemon's server.api_key with --api-key or INFERD_API_KEY",
+        if sent_key {
+            "refused the API key"
+        } else {
+            "requires an API key"
+        }
+    )
+}
+
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// Where the daemon is and how to authenticate.
@@ -99,15 +112,7 @@ impl Connection {
             .map_err(|e| match e {
                 WsError::Http(r) if r.status() == 401 => failed(
                     "invalid_api_key",
-                    format!(
-                        "{url} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
-                         INFERD_API_KEY",
-                        if endpoint.api_key.is_some() {
-                            "refused the API key"
-                        } else {
-                            "requires an API key"
-                        }
-                    ),
+                    key_refused(url, endpoint.api_key.is_some()),
                 ),
                 WsError::Http(r) => failed(
                     "connection",

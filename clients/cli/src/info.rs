@@ -83,6 +83,15 @@ pub async fn fetch(connection: &mut Connection, query: Query) -> Result<String> 
 }
 
 /// `part` of `whole` as a percentage with one decimal (0 when `whole` is 0).
+/// Characters of the widest cell of column `i`, the header's included.
+pub fn column_width<const N: usize>(rows: &[[String; N]], header: &[String; N], i: usize) -> usize {
+    rows.iter()
+        .chain([header])
+        .map(|r| r[i].chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
 fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
         "0.0%".into()
@@ -277,13 +286,7 @@ pub fn render_plugins(frame: &Value) -> String {
         );
     } else {
         let header = ["NAME", "WORLD", "VERSION", "DESCRIPTION"].map(String::from);
-        let width = |i: usize| {
-            rows.iter()
-                .chain([&header])
-                .map(|r| r[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        };
+        let width = |i| column_width(&rows, &header, i);
         let (w0, w1, w2) = (width(0), width(1), width(2));
         for [name, world, version, description] in [&header].into_iter().chain(&rows) {
             let line = format!("{name:<w0$}  {world:<w1$}  {version:<w2$}  {description}");

@@ -229,15 +229,7 @@ pub async fn fetch(endpoint: &Endpoint) -> Result<String> {
     if response.status == 401 {
         return Err(OpenError {
             tag: "invalid_api_key",
-            message: format!(
-                "{url} {} (HTTP 401): pass the daemon's server.api_key with --api-key or \
-                 INFERD_API_KEY",
-                if endpoint.api_key.is_some() {
-                    "refused the API key"
-                } else {
-                    "requires an API key"
-                }
-            ),
+            message: crate::connection::key_refused(&url, endpoint.api_key.is_some()),
         }
         .into());
     }
@@ -297,13 +289,7 @@ pub fn render(body: &Value) -> String {
         .collect();
     let adapters = rows.iter().filter(|r| r[1] != "base model").count();
     let header = ["NAME", "KIND", "PATH"].map(String::from);
-    let width = |i: usize| {
-        rows.iter()
-            .chain([&header])
-            .map(|r| r[i].chars().count())
-            .max()
-            .unwrap_or(0)
-    };
+    let width = |i| crate::info::column_width(&rows, &header, i);
     let (w0, w1) = (width(0), width(1));
     let mut text = String::new();
     for [name, kind, path] in [&header].into_iter().chain(&rows) {
