@@ -15,7 +15,10 @@
 
 use crate::half::{f16_to_f32, le_f16};
 use crate::lanes::{f32x16_dot_main, sgemm_dot};
-use crate::{act, Activations, GgmlType, Isa, Path, Quant};
+use crate::{act, layout, Activations, GgmlType, Isa, Path, Quant, RowsOut};
+
+#[cfg(target_arch = "x86_64")]
+mod short_rows;
 
 /// The F16 weight type.
 pub struct F16Weights;
@@ -62,6 +65,30 @@ impl Quant for F16Weights {
         let _ = isa;
         let main = f32x16_dot_main(np, |i| le_f16(w, 2 * i), |i| f16_to_f32(a[i]));
         tail(main, w, a, np)
+    }
+
+    /// Rows shorter than 64 values (all leftovers: a LoRA adapter's `B`) eight features
+    /// at a time on AVX-512 ([`short_rows`]); other rows and instruction sets keep
+    /// `vec_dot` one output at a time.
+    fn vec_dot_block_rows(
+        isa: Isa,
+        w: &[u8],
+        row_bytes: usize,
+        group: layout::Interleave,
+        features: std::ops::Range<usize>,
+        a: &Activations<act::F16>,
+        rows: std::ops::Range<usize>,
+        out: &mut RowsOut<'_>,
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && group <= 1 && row_bytes / 2 < short_rows::MAX_K && row_bytes >= 2 {
+            // SAFETY: `Isa::Avx512` means AVX-512 F, AVX2, FMA and F16C were detected;
+            // the kernel checks the rows and lengths.
+            unsafe { short_rows::rows_avx512(w, row_bytes, features, a, rows, out) };
+            return true;
+        }
+        let _ = (isa, w, row_bytes, group, features, a, rows, out);
+        false
     }
 
     /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]; AVX2 holds the sixteen
@@ -232,6 +259,76 @@ mod tests {
             for isa in Isa::available() {
                 let got = super::F16Weights::vec_dot(isa, &w, a.row(0));
                 assert_eq!(got.to_bits(), want.to_bits(), "k {k}, {}", isa.name());
+            }
+        }
+    }
+
+    /// Rows shorter than 64 values written row-major (eight features a tile) give
+    /// `vec_dot`'s bits for every length, tile edge and activation row count; rows of 64
+    /// and more, and tinyBLAS rows, are declined.
+    #[test]
+    fn short_rows_equal_vec_dot() {
+        use crate::{BatchRow, GgmlType, QuantMatrix, RowsOut};
+        use candle_core::quantized::GgmlDType;
+        for k in [1, 7, 8, 9, 16, 24, 32, 63, 64] {
+            let n = 21;
+            let w = crate::testing::random(n * k, k as u64);
+            let (bytes, _) = crate::testing::quantize(&w, n, k, GgmlDType::F16);
+            for isa in Isa::available() {
+                let m =
+                    QuantMatrix::for_isa(isa, GgmlType::F16, bytes.clone(), n, k).expect("matrix");
+                for rows in [1, 3, 4, 5, 9] {
+                    let xs = crate::testing::random(rows * k, 3 + rows as u64);
+                    let a = m.quantize_for(&xs, rows, &[]).expect("act");
+                    let Some(act) = <crate::act::F16 as crate::matrix::Wrap>::unwrap(&a) else {
+                        panic!("F16 activations");
+                    };
+                    for f in [0..n, 3..20, 8..16, 20..21] {
+                        let mut v = vec![f32::NAN; rows * f.len()];
+                        let done = m
+                            .matmul_range_rows(
+                                isa,
+                                &a,
+                                f.clone(),
+                                &[],
+                                &mut RowsOut::new(&mut v, rows, f.clone()),
+                            )
+                            .expect("row-major");
+                        assert_eq!(done, isa == Isa::Avx512 && k < 64, "k {k}, {isa:?}");
+                        if !done {
+                            continue;
+                        }
+                        for (c, r) in f.clone().enumerate() {
+                            let wr = &bytes[r * 2 * k..(r + 1) * 2 * k];
+                            for j in 0..rows {
+                                let want =
+                                    super::F16Weights::vec_dot(Isa::Portable, wr, act.row(j));
+                                assert_eq!(
+                                    v[j * f.len() + c].to_bits(),
+                                    want.to_bits(),
+                                    "k {k}, {rows} rows, features {f:?}: ({j}, {r})"
+                                );
+                            }
+                        }
+                    }
+                }
+                // A micro-batch on tinyBLAS (k a multiple of 16) keeps its own kernel.
+                let batch: Vec<_> = (0..4).map(|i| BatchRow { index: i, len: 4 }).collect();
+                let paths = m.paths(&batch);
+                let a = m
+                    .quantize_for(&crate::testing::random(4 * k, 1), 4, &paths)
+                    .expect("act");
+                let mut v = vec![0f32; 4 * n];
+                let done = m
+                    .matmul_range_rows(isa, &a, 0..n, &paths, &mut RowsOut::new(&mut v, 4, 0..n))
+                    .expect("rows");
+                let sgemm = k % 16 == 0;
+                assert_eq!(paths.contains(&Path::Sgemm), sgemm, "k {k}");
+                assert_eq!(
+                    done,
+                    isa == Isa::Avx512 && k < 64 && !sgemm,
+                    "k {k}, {isa:?}"
+                );
             }
         }
     }

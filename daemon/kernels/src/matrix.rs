@@ -239,8 +239,12 @@ where
         paths: &[Path],
         out: &mut RowsOut<'_>,
     ) -> Result<bool, KernelError> {
-        // Rows on llama.cpp's repacked paths have kernels of their own, not `vec_dot`.
-        if paths.iter().any(|&p| matches!(p, Path::Gemm | Path::Gemv)) {
+        // Rows on llama.cpp's repacked paths and on tinyBLAS have kernels of their own,
+        // not `vec_dot`.
+        if paths
+            .iter()
+            .any(|&p| matches!(p, Path::Gemm | Path::Gemv | Path::Sgemm))
+        {
             return Ok(false);
         }
         let group = group.max(1);
