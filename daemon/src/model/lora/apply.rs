@@ -91,12 +91,17 @@ impl<'a> RowAdapters<'a> {
     }
 }
 
+/// Rows of one adapter from which its products are split over the thread team each,
+/// rather than run one product per task.
+const SPLIT_ROWS: usize = 8;
+
 /// Adds the adapters' deltas to `y` `(n, out)`, the base output of `lin` for host rows
 /// `xs` `(n, in)`. Each adapter's rows are gathered; every (adapter, part) product
-/// `B(A x)` is one task of a single dispatch of the thread team (the products are small:
-/// inside a task the kernels run on its thread, on llama.cpp's kernel for the rows'
-/// micro-batch places when `batch` is given); then each delta is scaled and added in
-/// place, in adapter and part order.
+/// `B(A x)` is one task of a single dispatch of the thread team when the groups are
+/// small (decode: inside a task the kernels run on its thread), or, when some adapter
+/// has [`SPLIT_ROWS`] rows or more (prefill), each product in turn on the whole team —
+/// on llama.cpp's kernel for the rows' micro-batch places when `batch` is given; then
+/// each delta is scaled and added in place, in adapter and part order.
 ///
 /// # Errors
 /// A candle error from a kernel; `rows` not matching the row count.
@@ -156,7 +161,7 @@ pub fn add_host(
             at += part.width;
         }
     }
-    let deltas = inferd_kernels::team::map(jobs.len(), |j| {
+    let delta = |j: usize| {
         let (g, p, _) = jobs[j];
         let (group, part) = (&groups[g], &lin.parts[p]);
         let pair = part
@@ -168,7 +173,16 @@ pub fn add_host(
             .forward_host_batch(&group.x, group.rows.len(), &group.batch)?;
         pair.b
             .forward_host_batch(&t, group.rows.len(), &group.batch)
-    });
+    };
+    // Decode steps: many small products, one per task. Prefill chunks: products large
+    // enough to split over the team themselves, one after another (a single product per
+    // task would leave the other threads idle).
+    let deltas: Vec<candle_core::Result<Vec<f32>>> =
+        if groups.iter().any(|g| g.rows.len() >= SPLIT_ROWS) {
+            (0..jobs.len()).map(delta).collect()
+        } else {
+            inferd_kernels::team::map(jobs.len(), delta)
+        };
     for (&(g, p, at), d) in jobs.iter().zip(deltas) {
         let d = d?;
         let (group, w) = (&groups[g], lin.parts[p].width);
