@@ -526,6 +526,24 @@ impl ActFormat for F16 {
             *o = f32_to_f16(v);
         }
     }
+    /// Sixteen values at a time with `vcvtps2ph` (round to nearest even: F16C's
+    /// conversion, which `f32_to_f16` is too).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quantize_row_avx512(x: &[f32], out: &mut [u16], _gemm: bool) {
+        use std::arch::x86_64::*;
+        let n = x.len().min(out.len());
+        let mut i = 0;
+        while i + 16 <= n {
+            let h =
+                _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(x.as_ptr().add(i)));
+            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, h);
+            i += 16;
+        }
+        for (o, &v) in out[i..n].iter_mut().zip(&x[i..n]) {
+            *o = f32_to_f16(v);
+        }
+    }
     fn dequantize_row(blocks: &[u16], out: &mut [f32]) {
         for (o, &h) in out.iter_mut().zip(blocks) {
             *o = crate::half::f16_to_f32(h);
@@ -631,6 +649,40 @@ mod tests {
         );
         assert_eq!(theirs[3].d, 0.0);
         assert_eq!(theirs[0].qs[..3], [-127, -14, -14]);
+    }
+
+    /// The AVX-512 f16 rows equal the portable ones bit for bit: ties, subnormals,
+    /// overflow to ±∞, NaN, and a tail shorter than sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16_avx512_rows_equal_the_portable_ones() {
+        if !crate::Isa::available().contains(&crate::Isa::Avx512) {
+            return;
+        }
+        let mut x = crate::testing::random(16 * 8 + 5, 12);
+        let special = [
+            1.0 + f32::EPSILON * 4096.0,  // 1 + 2⁻¹¹: halfway, to the even 1
+            1.0 + f32::EPSILON * 12288.0, // 1 + 3·2⁻¹¹: halfway, to the even 1 + 2⁻⁹
+            3e-7,
+            -6.0e-8,
+            1e-9,
+            65520.0,
+            -7e4,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            65504.0,
+        ];
+        x[3..3 + special.len()].copy_from_slice(&special);
+        x[130] = 65520.0;
+        let (mut ours, mut theirs) = (vec![0u16; x.len()], vec![0u16; x.len()]);
+        // SAFETY: AVX-512 F/BW/VL/VNNI with AVX2, FMA and F16C (`Isa::Avx512`).
+        unsafe { F16::quantize_row_avx512(&x, &mut ours, false) };
+        F16::quantize_row(&x, &mut theirs);
+        assert_eq!(ours, theirs);
+        assert_eq!(theirs[3..5], [0x3c00, 0x3c02], "ties round to even");
+        assert_eq!(theirs[8], 0x7c00, "65520 overflows to +inf");
     }
 
     /// The AVX-512 Q8_K blocks equal the portable ones for both row kinds: random
