@@ -95,13 +95,85 @@ impl<'a> RowAdapters<'a> {
 /// rather than run one product per task.
 const SPLIT_ROWS: usize = 8;
 
+/// Rows per product on the split path: bounds the gathered activations and the deltas
+/// (each a `(rows, width)` buffer) to a size the allocator reuses.
+const CHUNK_ROWS: usize = 64;
+
+/// Some rows of one adapter: their activations `(len, in)` and micro-batch places —
+/// borrowed when the rows are consecutive, else gathered.
+struct Piece<'x> {
+    rows: &'x [usize],
+    x: std::borrow::Cow<'x, [f32]>,
+    batch: std::borrow::Cow<'x, [BatchRow]>,
+}
+
+impl<'x> Piece<'x> {
+    fn of(xs: &'x [f32], k: usize, batch: &'x [BatchRow], n: usize, rows: &'x [usize]) -> Self {
+        use std::borrow::Cow;
+        let (first, len) = (rows.first().copied().unwrap_or(0), rows.len());
+        let consecutive = rows.iter().enumerate().all(|(i, &r)| r == first + i);
+        if consecutive {
+            return Self {
+                rows,
+                x: Cow::Borrowed(&xs[first * k..(first + len) * k]),
+                batch: if batch.len() == n {
+                    Cow::Borrowed(&batch[first..first + len])
+                } else {
+                    Cow::Borrowed(&[])
+                },
+            };
+        }
+        let mut x = Vec::with_capacity(len * k);
+        for &r in rows {
+            x.extend_from_slice(&xs[r * k..(r + 1) * k]);
+        }
+        Self {
+            rows,
+            x: Cow::Owned(x),
+            batch: if batch.len() == n {
+                Cow::Owned(rows.iter().map(|&r| batch[r]).collect())
+            } else {
+                Cow::Borrowed(&[])
+            },
+        }
+    }
+
+    /// `B(A x)` of these rows, `(len, out of B)`.
+    fn delta(&self, pair: &super::LoraPair) -> candle_core::Result<Vec<f32>> {
+        let t = pair
+            .a
+            .forward_host_batch(&self.x, self.rows.len(), &self.batch)?;
+        pair.b.forward_host_batch(&t, self.rows.len(), &self.batch)
+    }
+}
+
+/// `y[r, at..at + w] += d[j] · scale` for the piece's rows `r` (ggml_scale, then
+/// ggml_add; PEFT: `result + delta * scaling`).
+fn add_delta(
+    y: &mut [f32],
+    out: usize,
+    at: usize,
+    w: usize,
+    scale: f32,
+    rows: &[usize],
+    d: &[f32],
+) {
+    for (j, &r) in rows.iter().enumerate() {
+        let dst = &mut y[r * out + at..r * out + at + w];
+        for (yv, &dv) in dst.iter_mut().zip(&d[j * w..(j + 1) * w]) {
+            *yv += dv * scale;
+        }
+    }
+}
+
 /// Adds the adapters' deltas to `y` `(n, out)`, the base output of `lin` for host rows
-/// `xs` `(n, in)`. Each adapter's rows are gathered; every (adapter, part) product
-/// `B(A x)` is one task of a single dispatch of the thread team when the groups are
-/// small (decode: inside a task the kernels run on its thread), or, when some adapter
-/// has [`SPLIT_ROWS`] rows or more (prefill), each product in turn on the whole team —
-/// on llama.cpp's kernel for the rows' micro-batch places when `batch` is given; then
-/// each delta is scaled and added in place, in adapter and part order.
+/// `xs` `(n, in)`, on llama.cpp's kernel for the rows' micro-batch places when `batch`
+/// is given. When some adapter has [`SPLIT_ROWS`] rows or more (prefill), each product
+/// `B(A x)` runs in turn on the whole thread team, [`CHUNK_ROWS`] rows at a time.
+/// Otherwise (decode) each adapter's rows are gathered and every (adapter, part)
+/// product is one task of a single dispatch (the products are small: inside a task the
+/// kernels run on its thread). Each delta is scaled and added in place, in adapter and
+/// part order; a row's result does not depend on the path.
 ///
 /// # Errors
 /// A candle error from a kernel; `rows` not matching the row count.
@@ -120,82 +192,49 @@ pub fn add_host(
         candle_core::bail!("{} adapter rows for {n} activation rows", rows.row.len());
     }
     let (out, k) = lin.dims();
-    struct Group<'a> {
-        adapter: AdapterUse<'a>,
-        rows: Vec<usize>,
-        x: Vec<f32>,
-        batch: Vec<BatchRow>,
+    let groups = rows.groups();
+    if groups.iter().any(|(_, g)| g.len() >= SPLIT_ROWS) {
+        for (u, group) in &groups {
+            let scale = u.adapter.scale(u.scale);
+            let pairs = adapted(lin, u);
+            for chunk in group.chunks(CHUNK_ROWS) {
+                let piece = Piece::of(xs, k, batch, n, chunk);
+                for &(pair, at, w) in &pairs {
+                    add_delta(y, out, at, w, scale, chunk, &piece.delta(pair)?);
+                }
+            }
+        }
+        return Ok(());
     }
-    let groups: Vec<Group<'_>> = rows
-        .groups()
-        .into_iter()
-        .map(|(adapter, group)| {
-            let mut x = Vec::with_capacity(group.len() * k);
-            for &r in &group {
-                x.extend_from_slice(&xs[r * k..(r + 1) * k]);
-            }
-            let batch = if batch.len() == n {
-                group.iter().map(|&r| batch[r]).collect()
-            } else {
-                Vec::new()
-            };
-            Group {
-                adapter,
-                rows: group,
-                x,
-                batch,
-            }
-        })
+    let pieces: Vec<Piece<'_>> = groups
+        .iter()
+        .map(|(_, g)| Piece::of(xs, k, batch, n, g))
         .collect();
-    // (group, part, first output column) of every adapted part.
+    // (group, pair, first output column, width) of every adapted part.
     let mut jobs = Vec::new();
-    for (g, group) in groups.iter().enumerate() {
-        let mut at = 0;
-        for (p, part) in lin.parts.iter().enumerate() {
-            if part
-                .site
-                .is_some_and(|s| group.adapter.adapter.pairs.contains_key(&s))
-            {
-                jobs.push((g, p, at));
-            }
-            at += part.width;
-        }
+    for (g, (u, _)) in groups.iter().enumerate() {
+        jobs.extend(adapted(lin, u).into_iter().map(|(p, at, w)| (g, p, at, w)));
     }
-    let delta = |j: usize| {
-        let (g, p, _) = jobs[j];
-        let (group, part) = (&groups[g], &lin.parts[p]);
-        let pair = part
-            .site
-            .and_then(|s| group.adapter.adapter.pairs.get(&s))
-            .ok_or_else(|| candle_core::Error::Msg("adapter pair vanished".into()))?;
-        let t = pair
-            .a
-            .forward_host_batch(&group.x, group.rows.len(), &group.batch)?;
-        pair.b
-            .forward_host_batch(&t, group.rows.len(), &group.batch)
-    };
-    // Decode steps: many small products, one per task. Prefill chunks: products large
-    // enough to split over the team themselves, one after another (a single product per
-    // task would leave the other threads idle).
-    let deltas: Vec<candle_core::Result<Vec<f32>>> =
-        if groups.iter().any(|g| g.rows.len() >= SPLIT_ROWS) {
-            (0..jobs.len()).map(delta).collect()
-        } else {
-            inferd_kernels::team::map(jobs.len(), delta)
-        };
-    for (&(g, p, at), d) in jobs.iter().zip(deltas) {
-        let d = d?;
-        let (group, w) = (&groups[g], lin.parts[p].width);
-        let scale = group.adapter.adapter.scale(group.adapter.scale);
-        for (j, &r) in group.rows.iter().enumerate() {
-            let dst = &mut y[r * out + at..r * out + at + w];
-            for (yv, &dv) in dst.iter_mut().zip(&d[j * w..(j + 1) * w]) {
-                // ggml_scale, then ggml_add (PEFT: `result + delta * scaling`).
-                *yv += dv * scale;
-            }
-        }
+    let deltas = inferd_kernels::team::map(jobs.len(), |j| pieces[jobs[j].0].delta(jobs[j].1));
+    for (&(g, _, at, w), d) in jobs.iter().zip(deltas) {
+        let (u, group) = &groups[g];
+        add_delta(y, out, at, w, u.adapter.scale(u.scale), group, &d?);
     }
     Ok(())
+}
+
+/// The parts of `lin` that `u`'s adapter adapts: its pair, the part's first output
+/// column and its width each, in part order.
+fn adapted<'u>(lin: &Linear, u: &AdapterUse<'u>) -> Vec<(&'u super::LoraPair, usize, usize)> {
+    let mut v = Vec::new();
+    let mut at = 0;
+    for part in &lin.parts {
+        if let Some(pair) = part.site.and_then(|s| u.adapter.pairs.get(&s)) {
+            v.push((pair, at, part.width));
+        }
+        at += part.width;
+    }
+    v
 }
 
 /// [`add_host`] for a device tensor: `y` `(n, out)` plus each adapter's delta at its
