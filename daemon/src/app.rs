@@ -484,8 +484,10 @@ fn start_actors(loaded: Loaded, settings: &Settings) -> Running {
         }
         _ => None,
     };
+    let adapters_for_sched = adapters.clone();
     let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
-        let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size));
+        let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size))
+            .with_adapters(adapters_for_sched);
         if let Some(p) = prefix_caching {
             policy = policy.with_prefix_caching(p);
         }

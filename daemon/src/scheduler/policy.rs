@@ -185,7 +185,7 @@ pub struct Scheduler {
     /// Waiting sequences whose adapter is gone (unloaded, or it failed to load), with
     /// why: the actor fails them.
     gone: Vec<(Sequence, String)>,
-    /// The adapter registry the waiting sequences' leases came from (loads to start).
+    /// The adapter registry the sequences' leases come from (loads to start).
     adapters: Option<std::sync::Arc<crate::adapters::AdapterRegistry>>,
 }
 
@@ -263,10 +263,7 @@ impl Scheduler {
         if a.lora.is_some() {
             return AdapterGate::Ready;
         }
-        let reg = a.lease.registry().clone();
-        let residency = reg.residency(a.lease.name(), in_use);
-        self.adapters = Some(reg);
-        match residency {
+        match a.lease.registry().residency(a.lease.name(), in_use) {
             Residency::Ready(l) => {
                 a.lora = Some(l);
                 AdapterGate::Ready
@@ -279,6 +276,13 @@ impl Scheduler {
                 AdapterGate::Gone
             }
         }
+    }
+
+    /// Serves LoRA adapters from `reg`: the registry every request's lease comes from,
+    /// whose loads [`Self::take_adapter_loads`] hands out.
+    pub fn with_adapters(mut self, reg: std::sync::Arc<crate::adapters::AdapterRegistry>) -> Self {
+        self.adapters = Some(reg);
+        self
     }
 
     /// Turns speculative decoding on (n-gram drafts, see [`super::speculative`]).

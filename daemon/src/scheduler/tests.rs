@@ -486,7 +486,7 @@ fn requests_wait_for_their_adapter_while_others_run() {
     reg.register("a", &peft_dir("llama")).expect("a");
     reg.register("b", &peft_dir("llama-rslora")).expect("b");
     reg.register("c", &peft_dir("llama-layers")).expect("c");
-    let mut s = sched(8, 10, 100);
+    let mut s = sched(8, 10, 100).with_adapters(reg.clone());
     let mut keep = Vec::new();
     for (id, adapter) in [(1, Some("a")), (2, Some("b")), (3, None), (4, Some("c"))] {
         let (mut r, rx, c) = request(id, 5, 10);
