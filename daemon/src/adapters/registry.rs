@@ -457,7 +457,8 @@ impl AdapterRegistry {
         }
     }
 
-    /// Names of the resident adapters.
+    /// Names of the resident adapters (the tests' view of residency).
+    #[cfg(test)]
     pub fn resident_names(&self) -> Vec<String> {
         let g = self.lock();
         g.entries

@@ -196,11 +196,6 @@ impl LoraAdapter {
             }
         }
     }
-
-    /// Number of adapted projections.
-    pub fn n_pairs(&self) -> usize {
-        self.pairs.len()
-    }
 }
 
 /// Raw `(A, B)` pairs by site.
