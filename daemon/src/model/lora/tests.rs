@@ -375,7 +375,9 @@ fn tensor_backend_applies_adapters_on_every_architecture() {
 
 /// Timing probe (by hand): decode steps of the default model alone and with a GGUF
 /// adapter, `INFERD_LORA_PROBE=path/to/adapter.gguf cargo test --release -p inferd --lib
-/// lora_decode_probe -- --ignored --nocapture`.
+/// lora_decode_probe -- --ignored --nocapture` (`INFERD_TEST_MODEL` for another model,
+/// `INFERD_LORA_PROBE_PROMPT` for another prompt length than 128,
+/// `INFERD_LORA_PROBE_ONLY=base|lora` for one side alone, as under `perf stat`).
 #[test]
 #[ignore = "a timing probe, run by hand"]
 fn lora_decode_probe() {
@@ -390,10 +392,18 @@ fn lora_decode_probe() {
         None,
     )
     .expect("adapter");
+    let n_prompt: u32 = std::env::var("INFERD_LORA_PROBE_PROMPT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let only = std::env::var("INFERD_LORA_PROBE_ONLY").ok();
     for round in 0..3 {
         for (what, u) in [("base", None), ("lora", use_of(&a))] {
+            if only.as_deref().is_some_and(|o| o != what) {
+                continue;
+            }
             let mut kv = SoloKv::new(&model.kv_layout(), model.device()).expect("kv");
-            let prompt: Vec<u32> = (0..128).map(|i| 100 + i).collect();
+            let prompt: Vec<u32> = (0..n_prompt).map(|i| 100 + i).collect();
             let t0 = std::time::Instant::now();
             model.forward_with(&prompt, &mut kv, u).expect("prefill");
             let pf = t0.elapsed().as_secs_f64();
@@ -404,7 +414,7 @@ fn lora_decode_probe() {
             let dc = t1.elapsed().as_secs_f64();
             eprintln!(
                 "round {round} {what}: prefill {:.1} tok/s, decode {:.1} tok/s",
-                128.0 / pf,
+                f64::from(n_prompt) / pf,
                 32.0 / dc
             );
         }
