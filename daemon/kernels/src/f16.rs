@@ -104,14 +104,27 @@ impl Quant for F16Weights {
         if path != Path::Sgemm {
             return Self::vec_dot_rows(isa, w, a, rows, out);
         }
-        for (o, j) in out.iter_mut().zip(rows) {
+        let k = a.k();
+        assert!(w.len() >= 2 * k && k.is_multiple_of(16));
+        let (mut o, mut j) = (0, rows.start);
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // Four activation rows at a time against one weight row (independent
+            // accumulators, each output in tinyBLAS's order).
+            while j + 4 <= rows.end {
+                let ys = [a.row(j), a.row(j + 1), a.row(j + 2), a.row(j + 3)];
+                // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected; the loads
+                // stay within the rows (`k` values each, checked above).
+                out[o..o + 4].copy_from_slice(&unsafe { x86::sgemm_avx2(w, ys) });
+                (o, j) = (o + 4, j + 4);
+            }
+        }
+        for (o, j) in out[o..].iter_mut().zip(j..rows.end) {
             let y = a.row(j);
-            assert!(w.len() >= 2 * y.len() && y.len().is_multiple_of(16));
             #[cfg(target_arch = "x86_64")]
             if isa.has_avx2() {
-                // SAFETY: `has_avx2` means AVX2, FMA and F16C were detected; the loads
-                // stay within both rows (checked above).
-                *o = unsafe { x86::sgemm_avx2(w, y) };
+                // SAFETY: as above.
+                *o = unsafe { x86::sgemm_avx2(w, [y]) }[0];
                 continue;
             }
             *o = sgemm_dot(y.len(), |i| le_f16(w, 2 * i), |i| f16_to_f32(y[i]));
@@ -155,16 +168,23 @@ mod x86 {
         f32x16_reduce(&sum)
     }
 
-    /// tinyBLAS's sixteen lanes as two `__m256`, then `_mm512_reduce_add_ps`'s order.
+    /// tinyBLAS's sixteen lanes as two `__m256`, then `_mm512_reduce_add_ps`'s order, for
+    /// `R` activation rows of the same length against one weight row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn sgemm_avx2(w: &[u8], a: &[u16]) -> f32 {
-        let (x, y) = (w.as_ptr() as *const u16, a.as_ptr());
-        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for l in (0..a.len()).step_by(16) {
-            lo = _mm256_fmadd_ps(load8(x.add(l)), load8(y.add(l)), lo);
-            hi = _mm256_fmadd_ps(load8(x.add(l + 8)), load8(y.add(l + 8)), hi);
+    pub(super) unsafe fn sgemm_avx2<const R: usize>(w: &[u8], a: [&[u16]; R]) -> [f32; R] {
+        let x = w.as_ptr() as *const u16;
+        let n = a.first().map_or(0, |y| y.len());
+        let ys = a.map(|y| y.as_ptr());
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        for l in (0..n).step_by(16) {
+            let (wl, wh) = (load8(x.add(l)), load8(x.add(l + 8)));
+            for r in 0..R {
+                lo[r] = _mm256_fmadd_ps(wl, load8(ys[r].add(l)), lo[r]);
+                hi[r] = _mm256_fmadd_ps(wh, load8(ys[r].add(l + 8)), hi[r]);
+            }
         }
-        reduce_add_16(lo, hi)
+        std::array::from_fn(|r| reduce_add_16(lo[r], hi[r]))
     }
 
     /// [`super::tail`] with the values widened and multiplied eight at a time: each f32
@@ -270,15 +290,24 @@ mod tests {
     fn short_rows_equal_vec_dot() {
         use crate::{BatchRow, GgmlType, QuantMatrix, RowsOut};
         use candle_core::quantized::GgmlDType;
+        // The extremes of f16 (largest, subnormal, infinite) in weights and activations:
+        // their products are still exact in f32, so the f64 `fma` gives ggml's sum.
+        let extremes = [65504.0, -65504.0, 6e-8, -3e-5, f32::INFINITY, 1e-4];
         for k in [1, 7, 8, 9, 16, 24, 32, 63, 64] {
             let n = 21;
-            let w = crate::testing::random(n * k, k as u64);
+            let mut w = crate::testing::random(n * k, k as u64);
+            for (i, &e) in extremes.iter().enumerate() {
+                w[(7 * i + 3) % (n * k)] = e;
+            }
             let (bytes, _) = crate::testing::quantize(&w, n, k, GgmlDType::F16);
             for isa in Isa::available() {
                 let m =
                     QuantMatrix::for_isa(isa, GgmlType::F16, bytes.clone(), n, k).expect("matrix");
-                for rows in [1, 3, 4, 5, 9] {
-                    let xs = crate::testing::random(rows * k, 3 + rows as u64);
+                for rows in [1, 3, 4, 5, 9, 17] {
+                    let mut xs = crate::testing::random(rows * k, 3 + rows as u64);
+                    for (i, &e) in extremes.iter().enumerate() {
+                        xs[(5 * i + 1) % (rows * k)] = e;
+                    }
                     let a = m.quantize_for(&xs, rows, &[]).expect("act");
                     let Some(act) = <crate::act::F16 as crate::matrix::Wrap>::unwrap(&a) else {
                         panic!("F16 activations");

@@ -5,8 +5,13 @@
 //! output is `sumf += f64(x[i] · y[i])` over `i` in order from `sumf = 0`, rounded to f32
 //! (see the parent module). One output alone is a chain of dependent f64 additions. Here
 //! eight features are summed at once, one per f64 lane of a `__m512d`, each lane in
-//! ggml's index order — the same bits — and four activation rows share each widened weight
-//! column.
+//! ggml's index order — the same bits — and eight activation rows share each widened
+//! weight column.
+//!
+//! The product of two f16 values is exact in f32 (11 × 11 significant bits, exponents
+//! from 2⁻⁴⁸ to 2³², inside f32's normal range), so `f64(f32(x · y))` is the exact
+//! product, and `sumf + x · y` rounds once either way: each step is one f64 `fma` of the
+//! widened values.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -17,8 +22,8 @@ use crate::{act, Activations, RowsOut};
 const LANES: usize = 8;
 /// Rows at least this long go through ggml's main loop (`np = n & !63`), not here.
 pub(super) const MAX_K: usize = 64;
-/// Activation rows that share a tile's columns at once.
-const ROWS: usize = 4;
+/// Activation rows that share a tile's columns at once (independent `fma` chains).
+const ROWS: usize = 8;
 
 /// The 8 × 8 transpose of `r` (`out[i][l] = r[l][i]`).
 #[inline]
@@ -72,12 +77,12 @@ unsafe fn load_part(p: *const u16, n: usize) -> __m256 {
 /// features' f64 sums in index order, rounded to f32.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn sums<const R: usize>(cols: &[__m256], av: &[f32], k: usize) -> [__m256; R] {
+unsafe fn sums<const R: usize>(cols: &[__m512d], av: &[f64], k: usize) -> [__m256; R] {
     let mut acc = [_mm512_setzero_pd(); R];
     for (i, &c) in cols.iter().enumerate() {
         for (r, s) in acc.iter_mut().enumerate() {
-            let y = _mm256_set1_ps(*av.get_unchecked(r * k + i));
-            *s = _mm512_add_pd(*s, _mm512_cvtps_pd(_mm256_mul_ps(c, y)));
+            let y = _mm512_set1_pd(*av.get_unchecked(r * k + i));
+            *s = _mm512_fmadd_pd(c, y, *s);
         }
     }
     acc.map(|s| _mm512_cvtpd_ps(s))
@@ -114,7 +119,7 @@ pub(super) unsafe fn rows_avx512(
     );
     // The activation rows widened once (f16 → f32 is exact).
     let n_rows = rows.len();
-    let mut av = vec![0f32; n_rows * k + LANES];
+    let mut av = vec![0f64; n_rows * k];
     for (j, dst) in rows.clone().zip(av.chunks_exact_mut(k)) {
         let y = a.row(j).as_ptr();
         for i0 in (0..k).step_by(LANES) {
@@ -123,13 +128,13 @@ pub(super) unsafe fn rows_avx512(
             } else {
                 load_part(y.add(i0), k - i0)
             };
-            let mut t = [0f32; LANES];
-            _mm256_storeu_ps(t.as_mut_ptr(), v);
+            let mut t = [0f64; LANES];
+            _mm512_storeu_pd(t.as_mut_ptr(), _mm512_cvtps_pd(v));
             let n = LANES.min(k - i0);
             dst[i0..i0 + n].copy_from_slice(&t[..n]);
         }
     }
-    let mut cols = [_mm256_setzero_ps(); MAX_K + LANES];
+    let mut cols = [_mm512_setzero_pd(); MAX_K + LANES];
     let mut res = [0f32; LANES];
     for f0 in features.clone().step_by(LANES) {
         let nf = (features.end - f0).min(LANES);
@@ -144,7 +149,9 @@ pub(super) unsafe fn rows_avx512(
                     load_part(p, k - i0)
                 };
             }
-            cols[i0..i0 + LANES].copy_from_slice(&transpose8(r));
+            for (c, t) in cols[i0..i0 + LANES].iter_mut().zip(transpose8(r)) {
+                *c = _mm512_cvtps_pd(t);
+            }
         }
         let cols = &cols[..k];
         let mut j = 0;
