@@ -12,7 +12,7 @@
 #
 # MODEL defaults to ~/.cache/inferd/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; the JSON goes to
 # target/bench/lora-<model stem>.json (a later --out wins). Builds inferd and inferd-bench first
-# (release). Roughly 7 minutes on the 1.5B with 2 threads (estimated, not timed): the main section,
+# (release). About 7 minutes on the 1.5B with 2 threads (one run: 7 min 7 s): the main section,
 # then a second daemon with the adapters, then llama-server -np 1 --lora.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +22,6 @@ shift || true
 stem="$(basename "$model" .gguf)"
 cargo build --release -p inferd -p inferd-bench
 exec target/release/inferd-bench --model "$model" --concurrency 1,16 --max-tokens 64 \
-    --prefill-reps 2 --decode-reps 2 --llama-bench-reps 2 --bw-runs 3 \
+    --prefill-reps 4 --decode-reps 4 --llama-bench-reps 2 --bw-runs 3 \
     --env INFERD__SPECULATIVE__METHOD=off --lora-make 4 \
     --out "target/bench/lora-$stem.json" "$@"
