@@ -141,7 +141,7 @@ mod x86 {
     /// Eight f16 values at `p`, widened.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const u16) -> __m256 {
+    pub(super) unsafe fn load8(p: *const u16) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 

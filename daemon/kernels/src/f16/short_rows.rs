@@ -16,6 +16,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::x86::load8;
 use crate::{act, Activations, RowsOut};
 
 /// Features per tile: the f64 lanes of a `__m512d`.
@@ -55,13 +56,6 @@ unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         _mm256_permute2f128_ps::<0x31>(u2, u6),
         _mm256_permute2f128_ps::<0x31>(u3, u7),
     ]
-}
-
-/// Eight f16 values at `p`, widened.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load8(p: *const u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
 /// `n ≤ 8` f16 values at `p`, widened, the rest zero.
