@@ -320,9 +320,9 @@ impl Metrics {
         adapters: Option<&crate::adapters::AdapterRegistry>,
     ) -> String {
         if let (Some(st), Some(reg)) = (stats, adapters) {
-            for a in reg.list() {
-                let c = self.lora_requests.with_label_values(&[a.name.as_str()]);
-                c.inc_by(a.requests_total.saturating_sub(c.get()));
+            for (name, total) in reg.requests_by_name() {
+                let c = self.lora_requests.with_label_values(&[name.as_str()]);
+                c.inc_by(total.saturating_sub(c.get()));
             }
             // One series: its labels change with the adapters in use.
             self.lora_info.reset();

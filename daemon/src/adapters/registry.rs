@@ -32,7 +32,7 @@ pub struct AdapterInfo {
     pub resident: bool,
     /// Requests queued or running with it.
     pub active: usize,
-    /// Requests that asked for it since start.
+    /// Requests that asked for an adapter of this name since start (across unloads).
     pub requests_total: u64,
 }
 
@@ -77,7 +77,6 @@ struct Entry {
     loading: bool,
     /// Requests holding a lease.
     active: usize,
-    requests_total: u64,
     /// Logical time of the last admission (least recently used goes first).
     last_used: u64,
     /// Named by `[lora] adapters` (SIGHUP adds and removes those), not by the API.
@@ -92,6 +91,9 @@ struct Inner {
     clock: u64,
     /// Why a name's last load failed (the scheduler fails its waiting requests).
     failed: BTreeMap<String, String>,
+    /// Requests per adapter name since start; kept when an adapter is unloaded, so a
+    /// reloaded name counts on (the metrics' counter must not go back).
+    served: BTreeMap<String, u64>,
 }
 
 /// The daemon's adapters (see the module docs). Shared by the server (names, load,
@@ -99,6 +101,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct AdapterRegistry {
     base: LoraBase,
+    /// The base model's name (`model` in OpenAI requests): no adapter may take it.
+    base_name: String,
     /// Adapters resident at once (`lora.max_loras`).
     max_loras: usize,
     /// Largest rank accepted (`lora.max_rank`).
@@ -197,6 +201,7 @@ impl AdapterRegistry {
     pub fn new(base: LoraBase, max_loras: usize, max_rank: usize) -> Self {
         Self {
             base,
+            base_name: String::new(),
             max_loras: max_loras.max(1),
             max_rank,
             inner: Mutex::new(Inner::default()),
@@ -208,6 +213,35 @@ impl AdapterRegistry {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Refuses adapter names equal to `name`, the base model's (requests naming it mean
+    /// no adapter).
+    pub fn with_base_name(mut self, name: &str) -> Self {
+        self.base_name = name.to_string();
+        self
+    }
+
+    /// Whether `name` may be given to a new adapter: a well-formed name ([`check_name`])
+    /// that is neither the base model's nor taken. The message starts with `lora_name`.
+    ///
+    /// # Errors
+    /// Why not.
+    pub fn check_new_name(&self, name: &str) -> Result<(), String> {
+        check_name(name)?;
+        if name == self.base_name {
+            return Err(format!(
+                "lora_name {} is the base model's name (requests naming it get no adapter)",
+                crate::model::source::quote(name)
+            ));
+        }
+        if self.lock().entries.contains_key(name) {
+            return Err(format!(
+                "lora_name {}: an adapter of this name is already loaded (unload it first)",
+                crate::model::source::quote(name)
+            ));
+        }
+        Ok(())
     }
 
     /// `lora.max_loras`.
@@ -253,20 +287,16 @@ impl AdapterRegistry {
             adapter: name.into(),
             message,
         };
-        check_name(name).map_err(err)?;
-        if self.lock().entries.contains_key(name) {
-            return Err(err(
-                "an adapter of this name is already loaded (unload it first)".into(),
-            ));
-        }
+        self.check_new_name(name).map_err(err)?;
         let adapter = LoraAdapter::load(name, path, &self.base, Some(self.max_rank))?;
         let fp = fingerprint(path)
             .map_err(|e| err(format!("{}: cannot read it: {e}", path.display())))?;
         let mut g = self.lock();
         if g.entries.contains_key(name) {
-            return Err(err(
-                "an adapter of this name is already loaded (unload it first)".into(),
-            ));
+            return Err(err(format!(
+                "lora_name {}: an adapter of this name is already loaded (unload it first)",
+                crate::model::source::quote(name)
+            )));
         }
         let resident = g.entries.values().filter(|e| e.resident.is_some()).count();
         let rank = adapter.rank;
@@ -282,7 +312,6 @@ impl AdapterRegistry {
                 resident: (resident < self.max_loras).then(|| Arc::new(adapter)),
                 loading: false,
                 active: 0,
-                requests_total: 0,
                 last_used: now,
                 configured,
             },
@@ -324,11 +353,11 @@ impl AdapterRegistry {
         let mut g = self.lock();
         let e = g.entries.get_mut(name)?;
         e.active += 1;
-        e.requests_total += 1;
         let key = AdapterKey {
             fingerprint: e.fingerprint,
             scale,
         };
+        *g.served.entry(name.to_string()).or_default() += 1;
         Some(AdapterLease {
             registry: self.clone(),
             name: name.into(),
@@ -344,13 +373,20 @@ impl AdapterRegistry {
     /// Every registered adapter, by name.
     pub fn list(&self) -> Vec<AdapterInfo> {
         let g = self.lock();
-        g.entries.iter().map(|(n, e)| info_of(n, e)).collect()
+        g.entries.iter().map(|(n, e)| info_of(&g, n, e)).collect()
     }
 
     /// One adapter's entry.
     pub fn info(&self, name: &str) -> Option<AdapterInfo> {
         let g = self.lock();
-        g.entries.get(name).map(|e| info_of(name, e))
+        g.entries.get(name).map(|e| info_of(&g, name, e))
+    }
+
+    /// Requests per adapter name since start, loaded now or not (for the metrics'
+    /// counter).
+    pub fn requests_by_name(&self) -> Vec<(String, u64)> {
+        let g = self.lock();
+        g.served.iter().map(|(n, &c)| (n.clone(), c)).collect()
     }
 
     /// The adapter of a waiting request, to be admitted now if resident. Otherwise a
@@ -469,13 +505,13 @@ impl AdapterRegistry {
     }
 }
 
-fn info_of(name: &str, e: &Entry) -> AdapterInfo {
+fn info_of(g: &Inner, name: &str, e: &Entry) -> AdapterInfo {
     AdapterInfo {
         name: name.into(),
         path: e.path.clone(),
         rank: e.rank,
         resident: e.resident.is_some(),
         active: e.active,
-        requests_total: e.requests_total,
+        requests_total: g.served.get(name).copied().unwrap_or(0),
     }
 }

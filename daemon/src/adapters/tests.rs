@@ -71,6 +71,37 @@ fn leases_keep_an_adapter_from_unloading_and_names_are_checked() {
     reg.unregister("a").expect("idle");
     assert_eq!(reg.unregister("a"), Err(UnloadError::NotFound("a".into())));
     assert!(reg.lease("a", 1.0).is_none());
+    // A name's request count outlives its unload (the metrics' counter never goes back).
+    reg.register("a", &peft_dir("llama")).expect("a again");
+    drop(reg.lease("a", 1.0));
+    assert_eq!(reg.info("a").expect("a").requests_total, 2);
+    assert_eq!(reg.requests_by_name(), [("a".to_string(), 2)]);
+}
+
+/// The base model's name is no adapter's; the name checks lead with `lora_name`.
+#[test]
+fn the_base_models_name_is_refused() {
+    let reg = registry(4);
+    let reg = std::sync::Arc::new(
+        std::sync::Arc::try_unwrap(reg)
+            .expect("sole owner")
+            .with_base_name("base-model"),
+    );
+    let e = reg
+        .register("base-model", &peft_dir("llama"))
+        .expect_err("base name");
+    assert_eq!(
+        e.message,
+        "lora_name \"base-model\" is the base model's name (requests naming it get no adapter)"
+    );
+    reg.register("a", &peft_dir("llama")).expect("a");
+    assert_eq!(
+        reg.check_new_name("a"),
+        Err("lora_name \"a\": an adapter of this name is already loaded (unload it first)".into())
+    );
+    assert!(reg
+        .check_new_name("")
+        .is_err_and(|m| m.starts_with("lora_name must be")));
 }
 
 #[test]
