@@ -228,11 +228,20 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
         tokens = num_blocks * block_size,
         "KV cache budget"
     );
-    let adapters = Arc::new(AdapterRegistry::new(
-        LoraBase::of(&loaded.model),
-        settings.lora.max_loras,
-        settings.lora.max_rank,
-    ));
+    let model_id = settings
+        .model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
+        .unwrap_or_else(|| "model".into());
+    let adapters = Arc::new(
+        AdapterRegistry::new(
+            LoraBase::of(&loaded.model),
+            settings.lora.max_loras,
+            settings.lora.max_rank,
+        )
+        .with_base_name(&model_id),
+    );
     for (name, path) in &settings.lora.adapters {
         crate::service::status(&format!("loading LoRA adapter {name}"));
         let info = adapters
@@ -316,12 +325,6 @@ fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Load
     crate::service::status("loading plugins");
     let vocab = Arc::new(PluginVocab::from_tokenizer(&tokenizer));
     let plugins = load_plugins(settings, vocab.clone())?;
-    let model_id = settings
-        .model
-        .path
-        .file_name()
-        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_owned())
-        .unwrap_or_else(|| "model".into());
     Ok(Loaded {
         model_runner,
         tokenizer,

@@ -608,7 +608,15 @@ impl Settings {
         let mut settings: Settings = cfg
             .try_deserialize()
             .map_err(|e| ConfigError(describe(e)))?;
+        let mut named = std::collections::HashSet::new();
         for (name, path) in &cli.lora_modules {
+            if !named.insert(name) {
+                return Err(ConfigError(format!(
+                    "--lora-modules: the name {} is given twice; each adapter needs its own",
+                    crate::model::source::quote(name)
+                )));
+            }
+            // A flag overrides the file's adapter of the same name, as flags do.
             settings.lora.adapters.insert(name.clone(), path.clone());
         }
         let home = std::env::var_os("HOME")
@@ -820,6 +828,18 @@ mod tests {
         };
         let e = Settings::load(Some(&p), &bad).expect_err("name");
         assert!(e.0.contains("lora.adapters: lora_name must be"), "{e}");
+        let twice = CliOverrides {
+            lora_modules: vec![
+                ("sql".into(), PathBuf::from("/a")),
+                ("sql".into(), PathBuf::from("/b")),
+            ],
+            ..CliOverrides::default()
+        };
+        let e = Settings::load(Some(&p), &twice).expect_err("twice");
+        assert_eq!(
+            e.0,
+            "--lora-modules: the name \"sql\" is given twice; each adapter needs its own"
+        );
     }
 
     #[test]

@@ -64,7 +64,17 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
 /// An error in OpenAI's shape; `code` is inferd's error tag (`validation`, ...) or an
 /// HTTP-level code (`invalid_api_key`, `not_found`, ...).
 pub fn error(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<Body> {
-    let param = error_param(message);
+    error_with_param(status, kind, code, message, error_param(message).as_deref())
+}
+
+/// [`error`] with the OpenAI `param` given (`None`: null).
+pub fn error_with_param(
+    status: StatusCode,
+    kind: &str,
+    code: &str,
+    message: &str,
+    param: Option<&str>,
+) -> Response<Body> {
     let mut r = json(
         status,
         &serde_json::json!({

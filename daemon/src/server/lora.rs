@@ -9,14 +9,25 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde_json::Value;
 
-use super::http::{error, full, Body};
+use super::http::{error, error_with_param, full, Body};
 use super::openai::read_body;
 use super::Engine;
 use crate::adapters::UnloadError;
 use crate::model::source::quote;
 
+/// An error whose OpenAI `param` is the body field the message starts with
+/// (`lora_name`, `lora_path`), where the generate endpoints' field list does not know
+/// them.
+fn refusal(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<Body> {
+    let field = message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .next()
+        .filter(|w| matches!(*w, "lora_name" | "lora_path"));
+    error_with_param(status, kind, code, message, field)
+}
+
 fn bad(message: &str) -> Response<Body> {
-    error(
+    refusal(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
         "validation",
@@ -81,11 +92,8 @@ pub async fn load(req: Request<Incoming>, engine: &Engine) -> Response<Body> {
     let (Some(name), Some(path)) = (f[0].clone(), f[1].clone()) else {
         return bad("lora_name and lora_path are required");
     };
-    if name == engine.model_id {
-        return bad(&format!(
-            "lora_name {} is the base model's name",
-            quote(&name)
-        ));
+    if let Err(m) = engine.adapters.check_new_name(&name) {
+        return bad(&m);
     }
     let registry = engine.adapters.clone();
     let (n, p) = (name.clone(), path.clone());
@@ -98,6 +106,8 @@ pub async fn load(req: Request<Incoming>, engine: &Engine) -> Response<Body> {
                 "Success: LoRA adapter '{name}' added successfully.\n"
             ))
         }
+        // Taken meanwhile by a concurrent load: the name's message, as above.
+        Ok(Err(e)) if e.message.starts_with("lora_name") => bad(&e.message),
         Ok(Err(e)) => bad(&format!("lora_path {}: {e}", quote(&path))),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -137,13 +147,13 @@ pub async fn unload(req: Request<Incoming>, engine: &Engine) -> Response<Body> {
                 "Success: LoRA adapter '{name}' removed successfully.\n"
             ))
         }
-        Err(e @ UnloadError::NotFound(_)) => error(
+        Err(e @ UnloadError::NotFound(_)) => refusal(
             StatusCode::NOT_FOUND,
             "not_found_error",
             "model_not_found",
             &format!("lora_name: {e}"),
         ),
-        Err(e @ UnloadError::InUse { .. }) => error(
+        Err(e @ UnloadError::InUse { .. }) => refusal(
             StatusCode::CONFLICT,
             "conflict_error",
             "adapter_in_use",
