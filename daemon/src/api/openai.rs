@@ -101,7 +101,10 @@ pub fn parse_body(
     }
     body.adapter = body.model.clone().filter(|m| m != model_id);
     normalise(&mut body, endpoint)?;
-    let request = generate_request(&body, id, defaults, vocab_size)?;
+    let mut request = generate_request(&body, id, defaults, vocab_size)?;
+    if let Some(a) = request.adapter.as_mut() {
+        a.field = "model";
+    }
     Ok((request, options))
 }
 

@@ -382,6 +382,7 @@ fn parse_adapter(body: &GenerateBody) -> VResult<Option<AdapterChoice>> {
         Some(name) => Ok(Some(AdapterChoice {
             name: name.clone(),
             scale,
+            field: "adapter",
         })),
     }
 }

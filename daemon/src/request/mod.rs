@@ -254,6 +254,9 @@ pub struct AdapterChoice {
     pub name: String,
     /// `lora_scale`.
     pub scale: f32,
+    /// The request field that named it (`adapter`, or `model` on the OpenAI edge), for
+    /// error messages.
+    pub field: &'static str,
 }
 
 /// A validated generate request as it enters the tokenizer.

@@ -81,7 +81,8 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// The lease on the adapter `request` names (`None` for the base model).
+    /// The lease on the adapter `request` names (`None` for the base model, also when
+    /// the WebSocket's `adapter` gives the base model's name).
     ///
     /// # Errors
     /// `model_not_found`, naming the adapter and what this daemon serves.
@@ -92,6 +93,10 @@ impl Engine {
         let Some(choice) = &request.adapter else {
             return Ok(None);
         };
+        // The base model's name means no adapter, on both edges.
+        if choice.name == self.model_id {
+            return Ok(None);
+        }
         match self.adapters.lease(&choice.name, choice.scale) {
             Some(lease) => Ok(Some(lease)),
             None => {
@@ -109,7 +114,8 @@ impl Engine {
                 Err(InferError::new(
                     ErrorKind::ModelNotFound,
                     format!(
-                        "model: no model or LoRA adapter is named {}; this daemon serves {:?} and {adapters}",
+                        "{}: no model or LoRA adapter is named {}; this daemon serves {:?} and {adapters}",
+                        choice.field,
                         crate::model::source::quote(&choice.name),
                         self.model_id
                     ),

@@ -263,7 +263,8 @@ fn model_names_the_base_or_an_adapter() {
         r.adapter,
         Some(crate::request::AdapterChoice {
             name: "sql-lora".into(),
-            scale: 0.5
+            scale: 0.5,
+            field: "model",
         })
     );
     let (r, _) = parse(json!({"prompt": "x", "model": "a"}), Endpoint::Completion).expect("ok");

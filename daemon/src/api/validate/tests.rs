@@ -1286,7 +1286,8 @@ fn adapter_and_lora_scale() {
         adapter(generate(json!({"adapter": "a", "lora_scale": -0.25}))),
         Some(crate::request::AdapterChoice {
             name: "a".into(),
-            scale: -0.25
+            scale: -0.25,
+            field: "adapter",
         })
     );
     assert_eq!(
