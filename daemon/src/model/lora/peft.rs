@@ -84,7 +84,14 @@ fn config(adapter: &str, path: &Path) -> Result<Config, LoraError> {
     let Some(obj) = v.as_object() else {
         return Err(err("not a JSON object".into()));
     };
-    let shown = |v: &Value| quote(&v.to_string());
+    // The JSON text of a value (strings keep their quotes), cut after 120 characters.
+    let shown = |v: &Value| {
+        let t = v.to_string();
+        match t.char_indices().nth(120) {
+            Some((at, _)) => format!("{}…", &t[..at]),
+            None => t,
+        }
+    };
     if let Some(t) = obj.get("peft_type").filter(|t| !t.is_null()) {
         if t.as_str() != Some("LORA") {
             return Err(err(format!(
