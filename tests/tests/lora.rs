@@ -333,6 +333,25 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
         .await
         .expect("ws 404");
     assert_eq!(g.error_type(), Some("model_not_found"), "{:?}", g.error);
+    let msg = g.error.as_ref().map(|e| e["error"]["message"].clone());
+    assert!(
+        msg.as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.starts_with("adapter: no model or LoRA adapter is named \"nope\"")),
+        "{msg:?}"
+    );
+    // The base model's name as the WebSocket's adapter means no adapter, as OpenAI
+    // `model` does.
+    let plain = c
+        .generate(chat("p", "Say hello.", None, 8))
+        .await
+        .expect("base");
+    let named = c
+        .generate(chat("q", "Say hello.", Some((&base, 1.0)), 8))
+        .await
+        .expect("base by name");
+    assert!(named.error.is_none(), "{:?}", named.error);
+    assert_eq!(named.token_ids, plain.token_ids);
     let g = c
         .generate(json!({"type":"generate","id":"y","prompt":"hi","lora_scale":2}))
         .await
@@ -356,10 +375,27 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
     assert!(g.error.is_none(), "{:?}", g.error);
     let r = load("e", &adapter("smollm2-lora-f32-r4.gguf"));
     assert_eq!(r.status, 400);
-    assert!(r.body.contains("already loaded"), "{}", r.body);
+    let e = r.json();
+    assert_eq!(
+        (e["error"]["message"].clone(), e["error"]["param"].clone()),
+        (
+            json!("lora_name \"e\": an adapter of this name is already loaded (unload it first)"),
+            json!("lora_name")
+        )
+    );
+    let r = load(&base, &adapter("smollm2-lora-f32-r4.gguf"));
+    assert_eq!(r.status, 400);
+    assert!(
+        r.json()["error"]["message"].as_str().is_some_and(
+            |m| m.ends_with("is the base model's name (requests naming it get no adapter)")
+        ),
+        "{}",
+        r.body
+    );
     let r = load("f", "/no/such/adapter.gguf");
     assert_eq!(r.status, 400);
     assert!(r.body.contains("/no/such/adapter.gguf"), "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "lora_path");
     let gemma_lora = lora_dir().join("gemma3-lora-f16.gguf");
     if gemma_lora.is_file() {
         let r = load("g", &gemma_lora.display().to_string());
@@ -383,8 +419,16 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
     );
     let r = bad(r#"{"lora_name":"h","lora_path":"/x","extra":1}"#);
     assert!(r.body.contains("unknown field \\\"extra\\\""), "{}", r.body);
-    let r = bad(r#"{"lora_name":"has space","lora_path":"/x"}"#);
-    assert!(r.body.contains("lora_name must be"), "{}", r.body);
+    let r = bad(r#"{"lora_name":"","lora_path":"/x"}"#);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "lora_name", "{}", r.body);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("lora_name must be 1 to 128 characters")),
+        "{}",
+        r.body
+    );
 
     // Unload: refused (409) while a request uses it, which runs on unharmed.
     let mut long = daemon.connect().await.expect("connect");
@@ -445,6 +489,28 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
         .await
         .expect("gone");
     assert_eq!(g.error_type(), Some("model_not_found"));
+    // Loaded again under the same name, its request counter goes on from its two
+    // earlier requests (a counter never goes back).
+    let r = load("e", &adapter("smollm2-lora-f32-r4.gguf"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let g = c
+        .generate(chat("again", "hi", Some(("e", 1.0)), 4))
+        .await
+        .expect("again");
+    assert!(g.error.is_none(), "{:?}", g.error);
+    let metrics = daemon
+        .http("GET", "/metrics", &[], None)
+        .expect("metrics")
+        .body;
+    assert!(
+        metrics.contains("inferd_lora_requests_total{adapter=\"e\"} 3"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("lora"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // The daemon still serves.
     let g = c.generate(chat("ok", "hi", None, 4)).await.expect("ok");
     assert!(g.error.is_none());
