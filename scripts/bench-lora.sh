@@ -8,20 +8,25 @@
 # The four adapters are made when missing by scripts/lora-bench-adapters.sh (rank 8, alpha 16, F16,
 # seeds 1-4, ~/.cache/inferd/lora/<model stem>-r8-s<seed>.gguf, ~2.5 s each on the 1.5B).
 #
-#   scripts/bench-lora.sh [MODEL.gguf] [EXTRA INFERD-BENCH ARGS...]
+#   [SPEC=off|ngram|draft] scripts/bench-lora.sh [MODEL.gguf] [EXTRA INFERD-BENCH ARGS...]
 #
-# MODEL defaults to ~/.cache/inferd/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; the JSON goes to
-# target/bench/lora-<model stem>.json (a later --out wins). Builds inferd and inferd-bench first
-# (release). About 7 minutes on the 1.5B with 2 threads (one run: 7 min 7 s): the main section,
-# then a second daemon with the adapters, then llama-server -np 1 --lora.
+# MODEL defaults to ~/.cache/inferd/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf. SPEC (default
+# off) is the daemons' speculative decoding (INFERD__SPECULATIVE__METHOD; llama-server runs without).
+# The JSON goes to target/bench/lora-<model stem>.json, lora-<model stem>-<SPEC>.json when SPEC is
+# not off. Builds inferd and inferd-bench first (release). About 7 minutes on the 1.5B with 2
+# threads (one run: 7 min 7 s): the main section, then a second daemon with the adapters, then
+# llama-server -np 1 --lora.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 model="${1:-$HOME/.cache/inferd/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 shift || true
 stem="$(basename "$model" .gguf)"
+spec="${SPEC:-off}"
+out="target/bench/lora-$stem.json"
+[ "$spec" = off ] || out="target/bench/lora-$stem-$spec.json"
 cargo build --release -p inferd -p inferd-bench
 exec target/release/inferd-bench --model "$model" --concurrency 1,16 --max-tokens 64 \
     --prefill-reps 4 --decode-reps 4 --llama-bench-reps 2 --bw-runs 3 \
-    --env INFERD__SPECULATIVE__METHOD=off --lora-make 4 \
-    --out "target/bench/lora-$stem.json" "$@"
+    --env "INFERD__SPECULATIVE__METHOD=$spec" --lora-make 4 \
+    --out "$out" "$@"
