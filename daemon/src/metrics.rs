@@ -61,6 +61,8 @@ pub struct Metrics {
     waiting: IntGauge,
     kv_blocks_used: IntGauge,
     kv_blocks_total: IntGauge,
+    kv_cache_usage: Gauge,
+    cache_config: IntGaugeVec,
     prefix_prompt_tokens: IntCounter,
     prefix_hit_tokens: IntCounterVec,
     prefill_tokens: IntCounter,
@@ -207,6 +209,25 @@ impl Metrics {
                 &r,
                 IntGauge::new("kv_blocks_total", "KV cache blocks in the pool")?,
             ),
+            kv_cache_usage: registered(
+                &r,
+                Gauge::new(
+                    "kv_cache_usage",
+                    "Fraction of the KV cache blocks owned by sequences, 0 to 1 (the Gateway \
+                     API Inference Extension's KVCacheUtilization; vLLM's kv_cache_usage_perc)",
+                )?,
+            ),
+            cache_config: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "cache_config_info",
+                        "The KV cache's geometry as labels (tokens per block, blocks in the \
+                         pool; vLLM's cache_config_info label names); the value is 1",
+                    ),
+                    &["block_size", "num_gpu_blocks"],
+                )?,
+            ),
             prefix_prompt_tokens: registered(
                 &r,
                 IntCounter::new(
@@ -343,6 +364,19 @@ impl Metrics {
             gauge(&self.waiting, st.waiting);
             gauge(&self.kv_blocks_used, st.kv_blocks_used);
             gauge(&self.kv_blocks_total, st.kv_blocks_total);
+            self.kv_cache_usage.set(if st.kv_blocks_total == 0 {
+                0.0
+            } else {
+                st.kv_blocks_used as f64 / st.kv_blocks_total as f64
+            });
+            // One series: the pool's geometry is fixed for the process.
+            self.cache_config.reset();
+            self.cache_config
+                .with_label_values(&[
+                    st.kv_block_size.to_string().as_str(),
+                    st.kv_blocks_total.to_string().as_str(),
+                ])
+                .set(1);
             // The engine's counters only grow: move ours up to them.
             let follow = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
             follow(&self.prefill_tokens, st.prompt_tokens_computed);
@@ -402,6 +436,7 @@ mod tests {
             waiting: 2,
             kv_blocks_used: 7,
             kv_blocks_total: 728,
+            kv_block_size: 16,
             prompt_tokens_computed: 40,
             ..EngineStats::default()
         };
@@ -421,6 +456,8 @@ mod tests {
             "inferd_requests_waiting 2",
             "inferd_kv_blocks_used 7",
             "inferd_kv_blocks_total 728",
+            "inferd_kv_cache_usage 0.009615384615384616",
+            "inferd_cache_config_info{block_size=\"16\",num_gpu_blocks=\"728\"} 1",
             "inferd_prefix_cache_queried_tokens_total 100",
             "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 64",
             "inferd_prefill_tokens_total 40",
