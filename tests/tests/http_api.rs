@@ -150,12 +150,21 @@ fn metrics_parse_and_move_after_requests() {
         ("inferd_requests_waiting", "gauge"),
         ("inferd_kv_blocks_used", "gauge"),
         ("inferd_kv_blocks_total", "gauge"),
+        ("inferd_kv_cache_usage", "gauge"),
+        ("inferd_cache_config_info", "gauge"),
         ("inferd_prefix_cache_hit_tokens", "counter"),
         ("inferd_plugin_traps", "counter"),
     ] {
         assert_eq!(before["families"][family], kind, "{family}: {before}");
     }
     assert_eq!(sample(&before, "inferd_kv_blocks_total"), 728.0);
+    assert_eq!(
+        sample(
+            &before,
+            "inferd_cache_config_info{block_size=16,num_gpu_blocks=728}"
+        ),
+        1.0
+    );
     let body = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0});
     let r1 = post(&d, "/v1/completions", &body);
     let r2 = post(&d, "/v1/completions", &body);
@@ -195,6 +204,7 @@ fn metrics_parse_and_move_after_requests() {
     assert_eq!(delta("inferd_inter_token_latency_seconds_count"), 10.0);
     assert_eq!(sample(&after, "inferd_requests_running"), 0.0);
     assert_eq!(sample(&after, "inferd_kv_blocks_used"), 0.0);
+    assert_eq!(sample(&after, "inferd_kv_cache_usage"), 0.0);
     // The second request reused the first one's full prompt blocks, if any.
     assert_eq!(
         delta("inferd_prefix_cache_hit_tokens_total{tier=memory}"),
