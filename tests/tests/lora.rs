@@ -447,19 +447,8 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
             .expect("frame");
         assert!(!g.absorb(f), "ended early: {:?}", g.error);
     }
-    let metrics = daemon
-        .http("GET", "/metrics", &[], None)
-        .expect("metrics")
-        .body;
-    assert!(
-        metrics.contains("running_lora_adapters=\"e\""),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("lora"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let metrics = lora_metrics(&daemon);
+    assert!(metrics.contains("running_lora_adapters=\"e\""), "{metrics}");
     let unload = |name: &str| {
         let body = json!({ "lora_name": name }).to_string();
         daemon
@@ -498,22 +487,26 @@ async fn models_load_unload_and_bad_input_over_http_and_websocket() {
         .await
         .expect("again");
     assert!(g.error.is_none(), "{:?}", g.error);
-    let metrics = daemon
-        .http("GET", "/metrics", &[], None)
-        .expect("metrics")
-        .body;
+    let metrics = lora_metrics(&daemon);
     assert!(
         metrics.contains("inferd_lora_requests_total{adapter=\"e\"} 3"),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("lora"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        "{metrics}"
     );
     // The daemon still serves.
     let g = c.generate(chat("ok", "hi", None, 4)).await.expect("ok");
     assert!(g.error.is_none());
+}
+
+/// The LoRA lines of the daemon's `/metrics`.
+fn lora_metrics(daemon: &Daemon) -> String {
+    let page = daemon
+        .http("GET", "/metrics", &[], None)
+        .expect("metrics")
+        .body;
+    page.lines()
+        .filter(|l| l.contains("lora"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn model_ids(daemon: &Daemon) -> Vec<String> {
