@@ -111,7 +111,7 @@ pub(super) unsafe fn rows_avx512(
         features.end * row_bytes <= w.len(),
         "weight rows past the matrix"
     );
-    // The activation rows widened once (f16 → f32 is exact).
+    // The activation rows widened to f64 once (exact).
     let n_rows = rows.len();
     let mut av = vec![0f64; n_rows * k];
     for (j, dst) in rows.clone().zip(av.chunks_exact_mut(k)) {
