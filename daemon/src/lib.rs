@@ -1,7 +1,7 @@
 //! inferd: an LLM inference daemon.
 //!
 //! Data flows one way (see `README.md`, Layout):
-//! `server` → `api` (validation) → `tokenizer` → `scheduler` → `model_runner` (`model`)
+//! `server` → `api` (validation) → `engine` (the handle) → `tokenizer` → `scheduler` → `model_runner` (`model`)
 //! → `sampling` → `detokenizer` → the request's own event channel → client.
 
 pub mod adapters;
@@ -10,6 +10,7 @@ pub mod api;
 pub mod app;
 pub mod config;
 pub mod detokenizer;
+pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod model;

@@ -26,7 +26,6 @@ use super::session::{self, WS_PATH};
 use super::{openai, page, subprotocol, Engine, State};
 use crate::error::{ErrorKind, InferError};
 use crate::metrics::metrics;
-use crate::scheduler::GetStats;
 
 /// The frames of a streamed body (server-sent events); not `Send`: it lives on the
 /// actix system thread with the request it streams.
@@ -194,7 +193,7 @@ pub fn method_not_allowed(allow: &'static str) -> Response<Body> {
 async fn metrics_page(state: &State) -> Response<Body> {
     let engine = state.engine();
     let stats = match &engine {
-        Some(engine) => engine.scheduler.send(GetStats).await.ok(),
+        Some(engine) => engine.stats().await.ok(),
         None => None,
     };
     let adapters = engine.as_ref().map(|e| &*e.adapters);

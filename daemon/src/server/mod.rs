@@ -27,10 +27,9 @@ mod tracker;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
 
-use actix::Addr;
+use std::time::Duration;
+
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -38,92 +37,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::api::SamplingDefaults;
+pub use crate::engine::{Engine, SharedPlugins};
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, EventReceiver, GenerateRequest, SeqId};
-use crate::sampling::wasm_plugin::PluginRegistry;
-use crate::scheduler::SchedulerActor;
-use crate::tokenizer::actor::Prepare;
-use crate::tokenizer::TokenizerActor;
 pub use limit::ConnectionLimits;
 use limit::{Counted, RefusalLog, Slots};
 pub use nofile::{ensure_nofile, Nofile, RESERVED_FDS};
 pub use tracker::{Tracked, Tracker};
-
-/// The loaded plugins, replaced as a whole when SIGHUP reloads `plugins.dir`; a request
-/// keeps the registry it was set up with.
-pub type SharedPlugins = Arc<RwLock<Arc<PluginRegistry>>>;
-
-/// Handles to the pipeline that the edge feeds.
-#[derive(Clone)]
-pub struct Engine {
-    /// Tokenizer stage (first stage of the pipeline), for generate requests.
-    pub tokenizer: Addr<TokenizerActor>,
-    /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
-    /// of them never delays generate requests.
-    pub utility_tokenizer: Addr<TokenizerActor>,
-    /// Scheduler, for cancellation and stats.
-    pub scheduler: Addr<SchedulerActor>,
-    /// Defaults for absent sampling fields (reloaded on SIGHUP).
-    pub defaults: SamplingDefaults,
-    /// Vocabulary size, for validating token ids.
-    pub vocab_size: usize,
-    /// Largest accepted WebSocket message or HTTP request body, bytes (reloaded on SIGHUP).
-    pub max_message_bytes: usize,
-    /// The loaded Wasm plugins (for the `plugins` message).
-    pub plugins: SharedPlugins,
-    /// The model's name in the OpenAI API (`/v1/models`, `model` fields): the GGUF file
-    /// name without `.gguf`.
-    pub model_id: String,
-    /// When the model was loaded, Unix seconds (`/v1/models` `created`).
-    pub created: u64,
-    /// The LoRA adapters served over the base model.
-    pub adapters: std::sync::Arc<crate::adapters::AdapterRegistry>,
-}
-
-impl Engine {
-    /// The lease on the adapter `request` names (`None` for the base model, also when
-    /// the WebSocket's `adapter` gives the base model's name).
-    ///
-    /// # Errors
-    /// `model_not_found`, naming the adapter and what this daemon serves.
-    pub fn lease_adapter(
-        &self,
-        request: &GenerateRequest,
-    ) -> Result<Option<crate::adapters::AdapterLease>, InferError> {
-        let Some(choice) = &request.adapter else {
-            return Ok(None);
-        };
-        // The base model's name means no adapter, on both edges.
-        if choice.name == self.model_id {
-            return Ok(None);
-        }
-        match self.adapters.lease(&choice.name, choice.scale) {
-            Some(lease) => Ok(Some(lease)),
-            None => {
-                let names: Vec<String> = self
-                    .adapters
-                    .list()
-                    .into_iter()
-                    .map(|a| format!("{:?}", a.name))
-                    .collect();
-                let adapters = if names.is_empty() {
-                    "no LoRA adapters".to_string()
-                } else {
-                    format!("the LoRA adapters {}", names.join(", "))
-                };
-                Err(InferError::new(
-                    ErrorKind::ModelNotFound,
-                    format!(
-                        "{}: no model or LoRA adapter is named {}; this daemon serves {:?} and {adapters}",
-                        choice.field,
-                        crate::model::source::quote(&choice.name),
-                        self.model_id
-                    ),
-                ))
-            }
-        }
-    }
-}
 
 /// Seconds since the Unix epoch (OpenAI's `created` fields).
 pub fn unix_now() -> u64 {
@@ -239,16 +159,9 @@ impl State {
         let (tx, rx) = mpsc::unbounded_channel();
         let tracked = self
             .tracker
-            .track(seq, cancel.clone(), engine.scheduler.clone())
+            .track(seq, cancel.clone(), engine.canceller())
             .with_choices(request.sampling.n);
-        engine.tokenizer.do_send(Prepare {
-            seq,
-            request,
-            adapter,
-            events: tx,
-            cancel,
-            received_at: Instant::now(),
-        });
+        engine.submit(seq, request, adapter, tx, cancel);
         Ok((tracked, rx))
     }
 
@@ -276,7 +189,7 @@ impl State {
                     "{why}: cancelling the requests still running"
                 );
                 if let Some(engine) = self.engine() {
-                    self.tracker.cancel_all(&engine.scheduler);
+                    self.tracker.cancel_all(&engine.canceller());
                 }
                 let _ =
                     tokio::time::timeout(Duration::from_secs(5), self.tracker.wait_empty()).await;

@@ -25,8 +25,6 @@ use super::{Engine, State, Tracked};
 use crate::api::{self, ClientMessage};
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, SeqId, StreamEvent};
-use crate::scheduler::{Cancel, GetStats};
-use crate::tokenizer::actor::{Decode, Encode};
 
 /// WebSocket endpoint path.
 pub const WS_PATH: &str = "/v1/ws";
@@ -149,7 +147,7 @@ where
     if let Some(engine) = state.engine() {
         for (_, a) in active.borrow_mut().drain() {
             a.cancel.cancel();
-            engine.scheduler.do_send(Cancel(a.seq));
+            engine.cancel(a.seq);
         }
     }
     drop(out_tx);
@@ -214,11 +212,11 @@ async fn handle_text(
             // was in flight) is a no-op, as docs/protocol.md specifies.
             if let Some(a) = active.borrow().get(&id) {
                 a.cancel.cancel();
-                engine.scheduler.do_send(Cancel(a.seq));
+                engine.cancel(a.seq);
             }
         }
         ClientMessage::Tokenize { id, text, special } => {
-            let tok = engine.utility_tokenizer.clone();
+            let engine = engine.clone();
             let err_id = reject_id(Some(&id));
             spawn_utility(
                 id,
@@ -226,10 +224,9 @@ async fn handle_text(
                 out,
                 utility_in_flight,
                 move |id, err_id| async move {
-                    match tok.send(Encode { text, special }).await {
-                        Ok(Ok(ids)) => api::tokens_frame(&id, &ids),
-                        Ok(Err(e)) => api::error_frame(err_id.as_deref(), &e),
-                        Err(e) => tokenizer_unavailable(err_id.as_deref(), e),
+                    match engine.tokenize(text, special).await {
+                        Ok(ids) => api::tokens_frame(&id, &ids),
+                        Err(e) => api::error_frame(err_id.as_deref(), &e),
                     }
                 },
             )
@@ -243,15 +240,12 @@ async fn handle_text(
                 let _ = out.send(Message::text(frame)).await;
                 return;
             };
-            let scheduler = engine.scheduler.clone();
+            let engine = engine.clone();
             let out = out.clone();
             actix_rt::spawn(async move {
-                let frame = match scheduler.send(GetStats).await {
+                let frame = match engine.stats().await {
                     Ok(stats) => api::stats_frame(id.as_deref(), &stats),
-                    Err(e) => api::error_frame(
-                        err_id.as_deref(),
-                        &InferError::internal(format!("engine unavailable: {e}")),
-                    ),
+                    Err(e) => api::error_frame(err_id.as_deref(), &e),
                 };
                 let _ = out.send(Message::text(frame)).await;
                 drop(guard);
@@ -266,7 +260,7 @@ async fn handle_text(
             let _ = out.send(Message::text(frame)).await;
         }
         ClientMessage::Detokenize { id, token_ids } => {
-            let tok = engine.utility_tokenizer.clone();
+            let engine = engine.clone();
             let err_id = reject_id(Some(&id));
             spawn_utility(
                 id,
@@ -274,9 +268,9 @@ async fn handle_text(
                 out,
                 utility_in_flight,
                 move |id, err_id| async move {
-                    match tok.send(Decode { token_ids }).await {
+                    match engine.detokenize(token_ids).await {
                         Ok(text) => api::text_frame(&id, &text),
-                        Err(e) => tokenizer_unavailable(err_id.as_deref(), e),
+                        Err(e) => api::error_frame(err_id.as_deref(), &e),
                     }
                 },
             )
@@ -311,13 +305,6 @@ async fn spawn_utility<F, Fut>(
         let _ = out.send(Message::text(frame)).await;
         drop(guard);
     });
-}
-
-fn tokenizer_unavailable(id: Option<&str>, e: actix::MailboxError) -> String {
-    api::error_frame(
-        id,
-        &InferError::internal(format!("tokenizer unavailable: {e}")),
-    )
 }
 
 /// Counts a connection's `tokenize`/`detokenize` requests until their reply is queued.

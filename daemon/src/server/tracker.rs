@@ -9,13 +9,12 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
-use actix::Addr;
 use tokio::sync::Notify;
 
+use crate::engine::Canceller;
 use crate::error::ErrorKind;
 use crate::metrics::metrics;
 use crate::request::{CancelFlag, SeqId, StreamEvent, Usage};
-use crate::scheduler::{Cancel, SchedulerActor};
 
 #[derive(Default)]
 struct Inner {
@@ -30,12 +29,7 @@ pub struct Tracker(Rc<Inner>);
 impl Tracker {
     /// Registers request `seq`; the returned guard removes it when dropped, and cancels it
     /// then unless its final event (`done` or `error`) was observed.
-    pub fn track(
-        &self,
-        seq: SeqId,
-        cancel: CancelFlag,
-        scheduler: Addr<SchedulerActor>,
-    ) -> Tracked {
+    pub fn track(&self, seq: SeqId, cancel: CancelFlag, scheduler: Canceller) -> Tracked {
         self.0.active.borrow_mut().insert(seq, cancel.clone());
         Tracked {
             tracker: self.clone(),
@@ -73,10 +67,10 @@ impl Tracker {
 
     /// Cancels every request in flight (each ends with `finish_reason: "cancelled"`, or
     /// an `error` of type `cancelled` when it had not started).
-    pub fn cancel_all(&self, scheduler: &Addr<SchedulerActor>) {
+    pub fn cancel_all(&self, scheduler: &Canceller) {
         for (seq, cancel) in self.0.active.borrow().iter() {
             cancel.cancel();
-            scheduler.do_send(Cancel(*seq));
+            scheduler.cancel(*seq);
         }
     }
 }
@@ -86,7 +80,7 @@ pub struct Tracked {
     tracker: Tracker,
     seq: SeqId,
     cancel: CancelFlag,
-    scheduler: Addr<SchedulerActor>,
+    scheduler: Canceller,
     accepted: Instant,
     last_token: Option<Instant>,
     ended: bool,
@@ -204,7 +198,7 @@ impl Drop for Tracked {
             // The client went away (or the connection broke) before the end: stop the
             // engine's work on it.
             self.cancel.cancel();
-            self.scheduler.do_send(Cancel(self.seq));
+            self.scheduler.cancel(self.seq);
             metrics().requests.with_label_values(&["cancelled"]).inc();
         }
         self.tracker.0.active.borrow_mut().remove(&self.seq);
