@@ -1,6 +1,7 @@
 //! `SchedulerActor`: the engine loop. A thin shell over [`Scheduler`]: each step it
 //! sweeps cancellations, asks the policy for a batch, runs it on the model runner,
-//! then samples and detokenizes each sequence's new token and streams the events.
+//! then hands the output to the post-step ([`super::post_step`]: sampling,
+//! verification, detokenizing and streaming).
 //! Exactly one step is in flight at a time; the next starts as soon as one finishes.
 
 use std::sync::Arc;
@@ -12,16 +13,16 @@ use actix::{
 
 use crate::adapters::AdapterLease;
 use crate::error::{ErrorKind, InferError};
-use crate::model_runner::{ModelRunnerActor, StepOutput};
+use crate::model_runner::ModelRunnerActor;
 use crate::prefix_store::hash::extend_hashes;
 use crate::prefix_store::{root_hash_with, LookupRun, PrefixReadActor};
-use crate::request::{FinishReason, SeqId, StreamEvent};
-use crate::sampling::speculative;
+use crate::request::{SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
 
 use super::policy::{EngineStats, Scheduler};
-use super::sequence::{DiskHit, Sequence, TokenOutcome, TokenizedRequest};
+use super::post_step::PostStep;
+use super::sequence::{DiskHit, Sequence, TokenizedRequest};
 
 /// A LoRA adapter's weights finished loading (or failed to): waiting requests for it
 /// may be admitted now (or are failed at the next step).
@@ -165,7 +166,7 @@ impl SchedulerActor {
     /// Queues `req` and runs a step.
     fn submit(&mut self, req: TokenizedRequest, ctx: &mut Context<Self>) {
         if req.cancel.is_cancelled() {
-            self.end_cancelled(Sequence::new(req, 0));
+            self.post().end_cancelled(Sequence::new(req, 0));
             return;
         }
         if let Err(rejected) = self.scheduler.submit(req) {
@@ -196,54 +197,11 @@ impl SchedulerActor {
         );
     }
 
-    fn finish(&self, mut seq: Sequence, reason: FinishReason) {
-        // The adapter is free for unloading once the client sees the end.
-        seq.adapter = None;
-        let t = seq.finish(reason);
-        tracing::info!(
-            id = %seq.client_id,
-            seq = %seq.id,
-            prompt_tokens = seq.prompt.len(),
-            completion_tokens = seq.generated.len(),
-            ttft_ms = format_args!("{:.1}", t.ttft_ms),
-            decode_tok_s = format_args!("{:.1}", t.decode_tokens_per_s),
-            draft_tokens = seq.spec.as_ref().map_or(0, |s| s.drafted),
-            accepted_draft_tokens = seq.spec.as_ref().map_or(0, |s| s.accepted),
-            acceptance_rate = format_args!("{:.2}", seq.spec.as_ref().map_or(0.0, |s| s.acceptance_rate())),
-            tokens_per_verification = format_args!("{:.2}", seq.spec.as_ref().map_or(0.0, |s| s.tokens_per_verification())),
-            finish_reason = ?reason,
-            "request finished"
-        );
-    }
-
-    fn fail(&self, mut seq: Sequence, error: InferError) {
-        seq.adapter = None;
-        tracing::warn!(id = %seq.client_id, seq = %seq.id, error = %error.message, "request failed");
-        seq.send(StreamEvent::Error(error));
-        if seq.choices > 1 {
-            // The error ends the request: its other choices stop too.
-            seq.cancel.cancel();
-        }
-    }
-
-    /// Ends cancelled sequences: a started one with `done` / `cancelled`, one still
-    /// queued (no `started` sent yet) with an `error` of type `cancelled`.
-    fn sweep_cancelled(&mut self) {
-        for seq in self.scheduler.take_cancelled() {
-            self.end_cancelled(seq);
-        }
-    }
-
-    fn end_cancelled(&self, mut seq: Sequence) {
-        seq.adapter = None;
-        if seq.started {
-            self.finish(seq, FinishReason::Cancelled);
-        } else {
-            tracing::info!(id = %seq.client_id, seq = %seq.id, "request cancelled before it started");
-            seq.send(StreamEvent::Error(InferError::new(
-                ErrorKind::Cancelled,
-                "the request was cancelled before it started",
-            )));
+    /// The post-step over this loop's policy and tokenizer.
+    fn post(&mut self) -> PostStep<'_> {
+        PostStep {
+            scheduler: &mut self.scheduler,
+            tokenizer: &self.tokenizer,
         }
     }
 
@@ -252,7 +210,7 @@ impl SchedulerActor {
         if self.step_in_flight {
             return;
         }
-        self.sweep_cancelled();
+        self.post().sweep_cancelled();
         if self.scheduler.is_idle() {
             return;
         }
@@ -294,8 +252,8 @@ impl SchedulerActor {
                 }
                 act.step_since = None;
                 match res {
-                    Ok(out) => act.on_step(out),
-                    Err(e) => act.fail_all(InferError::internal(format!(
+                    Ok(out) => act.post().on_step(out),
+                    Err(e) => act.post().fail_all(InferError::internal(format!(
                         "model runner unavailable: {e}"
                     ))),
                 }
@@ -316,7 +274,8 @@ impl SchedulerActor {
     /// wakes the scheduler when done.
     fn after_adapter_gates(&mut self, ctx: &mut Context<Self>) {
         for (seq, why) in self.scheduler.take_gone() {
-            self.fail(seq, InferError::new(ErrorKind::ModelNotFound, why));
+            self.post()
+                .fail(seq, InferError::new(ErrorKind::ModelNotFound, why));
         }
         let Some((registry, loads)) = self.scheduler.take_adapter_loads() else {
             return;
@@ -340,184 +299,6 @@ impl SchedulerActor {
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "cannot start a LoRA loading thread");
             }
-        }
-    }
-
-    /// Scores, samples, detokenizes and streams the results of one step.
-    fn on_step(&mut self, out: StepOutput) {
-        for item in out.items {
-            if self.scheduler.running_mut(item.seq).is_none() {
-                continue;
-            }
-            let mut rows = match item.logits {
-                Ok(rows) => rows,
-                Err(e) => {
-                    if let Some(s) = self.scheduler.remove_running(item.seq) {
-                        self.fail(s, e);
-                    }
-                    continue;
-                }
-            };
-            if let Some(seq) = self.scheduler.running_mut(item.seq) {
-                // The rows are the chunk's last ones: the prompt scores of `echo`.
-                let first = (seq.computed + seq.in_flight).saturating_sub(rows.len());
-                if let Some(echo) = seq.echo.as_mut() {
-                    echo.absorb(first, &rows, &seq.prompt);
-                }
-            }
-            self.scheduler.commit_step(item.seq);
-            let Some(seq) = self.scheduler.running_mut(item.seq) else {
-                continue;
-            };
-            if seq.cancel.is_cancelled() || seq.pending_len() > 0 {
-                continue; // swept before the next step / more prompt chunks to go
-            }
-            // Drafts of the lookup (the sequence's) or of the draft model (the item's).
-            if !seq.drafts.is_empty() || seq.model_drafts > 0 {
-                let drafts = match std::mem::take(&mut seq.drafts) {
-                    d if d.is_empty() => item.drafts,
-                    d => d,
-                };
-                self.verify(item.seq, &drafts, rows);
-                continue;
-            }
-            let Some(logits) = rows.pop() else {
-                self.fail_missing_logits(item.seq);
-                continue;
-            };
-            // The prompt is computed: its echo goes first, then the other choices fork
-            // and sample from the same row.
-            if let Some(echo) = seq.echo.take() {
-                let tok = &self.tokenizer;
-                let event = echo.event(&seq.prompt, |t| tok.token_bytes(t), |t| tok.token_piece(t));
-                seq.send(event);
-            }
-            let mut choices = vec![item.seq];
-            if seq.has_forks() {
-                choices.extend(self.scheduler.fork_choices(item.seq));
-            }
-            let last = choices.len() - 1;
-            let mut logits = Some(logits);
-            for (k, id) in choices.into_iter().enumerate() {
-                let row = if k == last {
-                    logits.take()
-                } else {
-                    logits.clone()
-                };
-                if let Some(mut row) = row {
-                    if let Some(Ok(TokenOutcome::Finished(reason))) = self.sample_next(id, &mut row)
-                    {
-                        self.end(id, reason);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Speculative verification of sequence `id`'s `drafts`: `rows[i]` are the logits
-    /// after its pending token and the first `i` drafts. Rows are sampled in order
-    /// through the request's chain, as plain decode steps would sample them, while the
-    /// sampled token equals the next draft; the first token that differs (or the one
-    /// after the last draft) ends the run. Every sampled token is streamed and checked
-    /// for stop sequences, end of generation and the budget one by one, so a run ends
-    /// exactly where decoding without drafts would. See [`crate::sampling::speculative`].
-    fn verify(&mut self, id: SeqId, drafts: &[u32], mut rows: Vec<Vec<f32>>) {
-        if rows.len() != drafts.len() + 1 {
-            self.fail_missing_logits(id);
-            return;
-        }
-        let verdict =
-            speculative::verify(drafts, &mut rows, |row| match self.sample_next(id, row) {
-                Some(Ok(outcome)) => {
-                    let token = self
-                        .scheduler
-                        .running_mut(id)
-                        .and_then(|s| s.generated.last().copied());
-                    let end = match outcome {
-                        TokenOutcome::Continue => None,
-                        TokenOutcome::Finished(reason) => Some(reason),
-                    };
-                    token.map(|t| (t, end)).ok_or(())
-                }
-                Some(Err(())) | None => Err(()),
-            });
-        self.scheduler
-            .commit_drafts(id, drafts.len(), verdict.accepted);
-        match verdict.outcome {
-            Ok(Some(reason)) => self.end(id, reason),
-            Ok(None) => {}
-            // A failed sequence was removed with its error; one still running here lost
-            // its token, which cannot happen: end it rather than stall it.
-            Err(()) => {
-                if let Some(s) = self.scheduler.remove_running(id) {
-                    self.fail(
-                        s,
-                        InferError::internal("speculative verification lost a token"),
-                    );
-                }
-            }
-        }
-    }
-
-    fn fail_missing_logits(&mut self, id: SeqId) {
-        if let Some(s) = self.scheduler.remove_running(id) {
-            self.fail(
-                s,
-                InferError::internal(
-                    "the model runner returned no logits for a sequence that needs them",
-                ),
-            );
-        }
-    }
-
-    /// Ends the running sequence `id` with `reason`.
-    fn end(&mut self, id: SeqId, reason: FinishReason) {
-        if let Some(s) = self.scheduler.remove_running(id) {
-            self.finish(s, reason);
-        }
-    }
-
-    /// Samples sequence `id`'s next token from its logits row and streams it. Returns
-    /// whether generation goes on, `Err(())` when the sequence failed (it is removed and
-    /// its error sent), `None` when it is not running. A budget of 0 (`echo` scoring
-    /// only) finishes at once without sampling.
-    fn sample_next(&mut self, id: SeqId, logits: &mut [f32]) -> Option<Result<TokenOutcome, ()>> {
-        let seq = self.scheduler.running_mut(id)?;
-        if seq.max_new_tokens == 0 {
-            return Some(Ok(TokenOutcome::Finished(FinishReason::Length)));
-        }
-        let mut sampled = match seq.sample(logits) {
-            Ok(t) => t,
-            Err(e) => {
-                if let Some(s) = self.scheduler.remove_running(id) {
-                    self.fail(s, e);
-                }
-                return Some(Err(()));
-            }
-        };
-        let token = sampled.token;
-        if let Some(lp) = sampled.logprobs.as_mut() {
-            for t in std::iter::once(&mut lp.chosen).chain(lp.top.iter_mut()) {
-                t.bytes = self.tokenizer.token_piece(t.token).to_vec();
-            }
-        }
-        let is_eog = self.tokenizer.eog_token_ids().contains(&token);
-        let outcome = match seq.accept_token(sampled, self.tokenizer.token_bytes(token), is_eog) {
-            Ok(o) => o,
-            Err(e) => {
-                if let Some(s) = self.scheduler.remove_running(id) {
-                    self.fail(s, e);
-                }
-                return Some(Err(()));
-            }
-        };
-        self.scheduler.note_generated();
-        Some(Ok(outcome))
-    }
-
-    fn fail_all(&mut self, error: InferError) {
-        while let Some(seq) = self.scheduler.pop_any() {
-            self.fail(seq, error.clone());
         }
     }
 }
@@ -554,7 +335,7 @@ impl Handler<Submit> for SchedulerActor {
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
         let req = msg.0;
         if req.cancel.is_cancelled() {
-            self.end_cancelled(Sequence::new(req, 0));
+            self.post().end_cancelled(Sequence::new(req, 0));
             return;
         }
         let (Some(store), Some((lookup, first_block))) =
@@ -593,7 +374,7 @@ impl Handler<Cancel> for SchedulerActor {
     type Result = ();
 
     fn handle(&mut self, _msg: Cancel, ctx: &mut Context<Self>) {
-        self.sweep_cancelled();
+        self.post().sweep_cancelled();
         self.step(ctx);
     }
 }

@@ -9,13 +9,16 @@
 //!   budget, chunked prefill, preemption), unit-tested without actix.
 //! - [`speculative`]: speculative decoding's n-gram drafts, adaptive draft length and
 //!   counters.
-//! - [`actor`]: [`SchedulerActor`], the engine loop: schedule → run on the model runner
-//!   → sample → detokenize → stream events, one step after another.
+//! - [`post_step`]: [`post_step::PostStep`], one step's output into tokens and events
+//!   (echo, forks, draft verification, sampling, streaming), pure.
+//! - [`actor`]: [`SchedulerActor`], the thin engine loop: schedule → run on the model
+//!   runner → post-step, one step after another.
 
 pub mod actor;
 pub mod block_manager;
 pub mod echo;
 pub mod policy;
+pub mod post_step;
 pub mod sequence;
 pub mod speculative;
 
@@ -30,6 +33,8 @@ pub use speculative::{SpecStats, Speculation};
 
 #[cfg(test)]
 mod choices_tests;
+#[cfg(test)]
+mod post_step_tests;
 #[cfg(test)]
 mod prefix_tests;
 #[cfg(test)]

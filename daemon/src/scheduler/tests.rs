@@ -40,7 +40,7 @@ impl PushToken for super::sequence::Sequence {
     }
 }
 
-fn request(
+pub(super) fn request(
     id: u64,
     prompt_len: usize,
     max_tokens: usize,
@@ -76,7 +76,7 @@ fn limits(max_running: usize, max_waiting: usize, ctx: usize) -> SchedulerLimits
 }
 
 /// A scheduler over a roomy pool (1,000 blocks of 4 tokens).
-fn sched(max_running: usize, max_waiting: usize, ctx: usize) -> Scheduler {
+pub(super) fn sched(max_running: usize, max_waiting: usize, ctx: usize) -> Scheduler {
     Scheduler::new(
         limits(max_running, max_waiting, ctx),
         BlockManager::new(1000, 4),
