@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::api::SamplingDefaults;
 use crate::model::{Kernels, Quantize};
 
+mod kv_events;
 mod lora;
 mod server;
 mod speculative;
+pub use kv_events::KvEventsConfig;
 pub use lora::LoraConfig;
 pub use server::ServerConfig;
 pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};
@@ -542,6 +544,8 @@ pub struct Settings {
     pub speculative: SpeculativeConfig,
     /// LoRA adapters.
     pub lora: LoraConfig,
+    /// KV-cache events for routers.
+    pub kv_events: KvEventsConfig,
 }
 
 /// Command-line overrides (the highest layer).
@@ -752,6 +756,7 @@ impl Settings {
         }
         self.speculative.validate()?;
         self.lora.validate()?;
+        self.kv_events.validate()?;
         let s = &self.sampling;
         if !(0.0..=100.0).contains(&s.temperature) {
             return bad(format!(

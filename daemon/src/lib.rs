@@ -12,6 +12,7 @@ pub mod config;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
+pub mod kv_events;
 pub mod metrics;
 pub mod model;
 pub mod model_runner;

@@ -66,6 +66,8 @@ pub struct Metrics {
     prefix_prompt_tokens: IntCounter,
     prefix_hit_tokens: IntCounterVec,
     prefill_tokens: IntCounter,
+    kv_events_published: IntCounter,
+    kv_events_dropped: IntCounter,
     spec_drafts: IntCounter,
     spec_draft_tokens: IntCounter,
     spec_accepted_tokens: IntCounter,
@@ -245,6 +247,20 @@ impl Metrics {
                     &["tier"],
                 )?,
             ),
+            kv_events_published: registered(
+                &r,
+                IntCounter::new(
+                    "kv_events_published_total",
+                    "KV-cache event messages sent on the ZeroMQ PUB socket ([kv_events])",
+                )?,
+            ),
+            kv_events_dropped: registered(
+                &r,
+                IntCounter::new(
+                    "kv_events_dropped_total",
+                    "KV-cache event messages that left the replay buffer before they were sent",
+                )?,
+            ),
             prefill_tokens: registered(
                 &r,
                 IntCounter::new(
@@ -380,6 +396,8 @@ impl Metrics {
             // The engine's counters only grow: move ours up to them.
             let follow = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
             follow(&self.prefill_tokens, st.prompt_tokens_computed);
+            follow(&self.kv_events_published, st.kv_events.published);
+            follow(&self.kv_events_dropped, st.kv_events.dropped);
             let p = &st.prefix_cache;
             follow(&self.prefix_prompt_tokens, p.prompt_tokens);
             follow(

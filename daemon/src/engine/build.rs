@@ -10,6 +10,7 @@ use super::checks::{check_kv_fits_in_ram, check_sampling, load_chat_template};
 use super::draft;
 use crate::adapters::AdapterRegistry;
 use crate::config::{Settings, SpecMethod};
+use crate::kv_events::{KvEventSink, Medium};
 use crate::model::lora::LoraBase;
 use crate::model::{KvBlockPool, LoadOptions, MatrixPolicy, ModelFormat};
 use crate::model_runner::{ModelRunner, SpecCosts};
@@ -38,6 +39,8 @@ pub struct Loaded {
     pub(super) spec_costs: SpecCosts,
     /// The LoRA adapters (`[lora]`, `--lora-modules`), checked against the model.
     pub(super) adapters: Arc<AdapterRegistry>,
+    /// The KV-cache event publisher and the medium of the KV pool (`[kv_events]`).
+    pub(super) kv_events: Option<(KvEventSink, Medium)>,
 }
 
 /// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
@@ -231,6 +234,7 @@ pub fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<
         });
         disk_store = disk;
     }
+    let kv_events = start_kv_events(settings, &mut disk_store, model_runner.model().device())?;
     crate::service::status("loading plugins");
     let vocab = Arc::new(PluginVocab::from_tokenizer(&tokenizer));
     let plugins = load_plugins(settings, vocab.clone())?;
@@ -247,7 +251,43 @@ pub fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<
         model_id,
         spec_costs,
         adapters,
+        kv_events,
     })
+}
+
+/// Starts the KV-cache event publisher when `kv_events.enabled` (its first message is
+/// `AllBlocksCleared`), then has the disk tier announce the blocks it holds.
+///
+/// # Errors
+/// A socket cannot be bound.
+fn start_kv_events(
+    settings: &Settings,
+    disk: &mut Option<DiskTier>,
+    device: &candle_core::Device,
+) -> anyhow::Result<Option<(KvEventSink, Medium)>> {
+    if !settings.kv_events.enabled {
+        return Ok(None);
+    }
+    if !settings.scheduler.prefix_caching {
+        tracing::warn!(
+            "kv_events.enabled with scheduler.prefix_caching = false: no block is ever \
+             cached, so only AllBlocksCleared is published"
+        );
+    }
+    let (sink, bound) = KvEventSink::start(&settings.kv_events)?;
+    let replay = bound.replay_endpoint.as_deref().unwrap_or("off");
+    tracing::info!(endpoint = %bound.endpoint, replay, topic = %settings.kv_events.topic, "KV-cache events");
+    // Machine-readable, like the "listening on" line.
+    println!("inferd: kv events on {} replay {replay}", bound.endpoint);
+    if let Some((store, _)) = disk.as_mut() {
+        store.with_kv_events(sink.clone(), settings.scheduler.block_size);
+    }
+    let medium = if device.is_cpu() {
+        Medium::Cpu
+    } else {
+        Medium::Gpu
+    };
+    Ok(Some((sink, medium)))
 }
 
 /// The disk tier with its counters, when `prefix_store.enabled`.

@@ -43,6 +43,7 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
         model_id,
         spec_costs,
         adapters,
+        kv_events,
     } = loaded;
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
@@ -99,7 +100,13 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
         if let Some(spec) = speculation {
             policy = policy.with_speculation(spec);
         }
-        let actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
+        if let Some((_, medium)) = &kv_events {
+            policy = policy.with_kv_events(*medium);
+        }
+        let mut actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
+        if let Some((sink, _)) = kv_events {
+            actor = actor.with_kv_events(sink);
+        }
         match store_for_sched {
             Some(store) => actor.with_store(store),
             None => actor,

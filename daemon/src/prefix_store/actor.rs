@@ -103,6 +103,7 @@ impl Handler<ApplyRead> for PrefixStoreActor {
     fn handle(&mut self, msg: ApplyRead, _ctx: &mut SyncContext<Self>) {
         if let Some(s) = self.store.as_mut() {
             s.apply_read(&msg.used, msg.bad);
+            s.flush_kv_events();
         }
     }
 }
@@ -148,6 +149,7 @@ impl Handler<StoreBlock> for PrefixStoreActor {
             .fetch_sub(msg.kv.len() as u64, Ordering::Relaxed);
         if let Some(s) = self.store.as_mut() {
             s.put(&msg.hash, msg.parent.as_ref(), &msg.tokens, &msg.kv);
+            s.flush_kv_events();
         }
     }
 }

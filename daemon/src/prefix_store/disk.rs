@@ -39,6 +39,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::entry::{self, HEADER_BYTES};
+
+mod events;
 use super::hash::{BlockHash, ModelFingerprint};
 
 /// Layout version of the store directory (the `STORE` marker's `layout` line).
@@ -353,6 +355,8 @@ pub struct DiskStore {
     counters: Arc<DiskCounters>,
     write_warn: Throttle,
     remove_warn: Throttle,
+    /// KV-cache events, when published (`events`).
+    kv_events: Option<events::DiskEvents>,
 }
 
 fn key(h: &BlockHash) -> [u8; 33] {
@@ -638,6 +642,7 @@ impl DiskStore {
             counters,
             write_warn: Throttle::default(),
             remove_warn: Throttle::default(),
+            kv_events: None,
         };
         let (mut files, strays) = store.scan_files().map_err(|e| io(&store.blocks, e))?;
         let mut foreign: HashSet<BlockHash> = HashSet::new();
@@ -863,6 +868,7 @@ impl DiskStore {
     fn remove(&mut self, hash: &BlockHash) {
         self.index_remove(hash);
         if let Some(m) = self.entries.remove(hash) {
+            self.note_removed(hash);
             self.lru.remove(&m.last_use);
             self.bytes = self.bytes.saturating_sub(m.size);
             if let Some(p) = m.parent {
@@ -1043,6 +1049,7 @@ impl DiskStore {
         }
         self.bytes += size;
         self.index_insert(*hash);
+        self.note_stored(hash, parent, tokens);
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
         self.publish();
     }

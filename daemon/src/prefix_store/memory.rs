@@ -111,14 +111,13 @@ impl MemoryIndex {
         }
     }
 
-    /// Evicts the least recently released block: drops its hash and returns it for
-    /// reuse.
-    pub fn evict_lru(&mut self) -> Option<PoolBlock> {
+    /// Evicts the least recently released block: drops its hash and returns the block
+    /// for reuse with the hash it held.
+    pub fn evict_lru(&mut self) -> Option<(PoolBlock, BlockHash)> {
         let (_, block) = self.lru.pop_first()?;
-        if let Some(slot) = self.slots.remove(&block) {
-            self.by_hash.remove(&slot.hash);
-        }
-        Some(block)
+        let slot = self.slots.remove(&block)?;
+        self.by_hash.remove(&slot.hash);
+        Some((block, slot.hash))
     }
 }
 
@@ -144,10 +143,14 @@ mod tests {
         assert_eq!(m.evictable_blocks(), 3);
         m.acquire(10); // a hit takes it back
         assert!(!m.is_evictable(10));
-        assert_eq!(m.evict_lru(), Some(11), "least recently released first");
+        assert_eq!(
+            m.evict_lru().map(|e| e.0),
+            Some(11),
+            "least recently released first"
+        );
         assert!(!m.contains(&h2));
         assert_eq!(m.lookup(&h2, &[3, 4]), None);
-        assert_eq!(m.evict_lru(), Some(12));
+        assert_eq!(m.evict_lru().map(|e| e.0), Some(12));
         assert_eq!(m.evict_lru(), None);
         assert_eq!(m.cached_blocks(), 1);
     }

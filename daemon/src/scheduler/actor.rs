@@ -60,6 +60,8 @@ pub struct SchedulerActor {
     runner: Addr<ModelRunnerActor>,
     tokenizer: Arc<TextTokenizer>,
     store: Option<Addr<PrefixReadActor>>,
+    /// Where the memory tier's KV-cache events go (`[kv_events]`).
+    kv_events: Option<crate::kv_events::KvEventSink>,
     /// Bytes the disk lookups in flight may return (blocks asked × block bytes).
     lookup_bytes_in_flight: usize,
     step_in_flight: bool,
@@ -81,6 +83,7 @@ impl SchedulerActor {
             runner,
             tokenizer,
             store: None,
+            kv_events: None,
             lookup_bytes_in_flight: 0,
             step_in_flight: false,
             step_since: None,
@@ -92,6 +95,20 @@ impl SchedulerActor {
     pub fn with_store(mut self, store: Addr<PrefixReadActor>) -> Self {
         self.store = Some(store);
         self
+    }
+
+    /// Publishes the policy's KV-cache events (its scheduler must record them:
+    /// [`Scheduler::with_kv_events`]).
+    pub fn with_kv_events(mut self, sink: crate::kv_events::KvEventSink) -> Self {
+        self.kv_events = Some(sink);
+        self
+    }
+
+    /// Hands the events the policy recorded since the last call to the publisher.
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = &self.kv_events {
+            sink.publish(&self.scheduler.take_kv_events());
+        }
     }
 
     /// The disk lookup for `req`'s prompt: the full blocks after those the memory tier
@@ -210,6 +227,7 @@ impl SchedulerActor {
         if self.step_in_flight {
             return;
         }
+        self.publish_kv_events();
         self.post().sweep_cancelled();
         if self.scheduler.is_idle() {
             return;
@@ -218,6 +236,7 @@ impl SchedulerActor {
             self.log_stats();
         }
         let (batch, admitted) = self.scheduler.schedule();
+        self.publish_kv_events();
         self.after_adapter_gates(ctx);
         for id in admitted {
             if let Some(seq) = self.scheduler.running_mut(id) {
@@ -383,7 +402,13 @@ impl Handler<GetStats> for SchedulerActor {
     type Result = MessageResult<GetStats>;
 
     fn handle(&mut self, _msg: GetStats, _ctx: &mut Context<Self>) -> Self::Result {
-        let st = self.scheduler.stats();
+        let mut st = self.scheduler.stats();
+        if let Some(sink) = &self.kv_events {
+            st.kv_events = super::KvEventStats {
+                published: sink.sent(),
+                dropped: sink.dropped(),
+            };
+        }
         tracing::debug!(?st, "engine stats requested");
         MessageResult(st)
     }

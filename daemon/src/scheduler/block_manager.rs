@@ -42,6 +42,9 @@ pub struct BlockManager {
     tables: HashMap<SeqId, Vec<BlockId>>,
     /// Hashed (prefix-cached) blocks, owned or evictable.
     cached: MemoryIndex,
+    /// Hashes evicted since [`BlockManager::take_evicted`], while recording (the
+    /// KV-cache events' `BlockRemoved`).
+    evicted: Option<Vec<BlockHash>>,
 }
 
 impl BlockManager {
@@ -53,7 +56,23 @@ impl BlockManager {
             free: (0..num_blocks as BlockId).collect(),
             tables: HashMap::new(),
             cached: MemoryIndex::new(),
+            evicted: None,
         }
+    }
+
+    /// Records the hashes the allocator evicts from now on (see
+    /// [`BlockManager::take_evicted`]).
+    pub fn record_evictions(&mut self) {
+        self.evicted.get_or_insert_with(Vec::new);
+    }
+
+    /// The hashes evicted since the last call, oldest first (empty when not
+    /// recording).
+    pub fn take_evicted(&mut self) -> Vec<BlockHash> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Tokens per block.
@@ -79,7 +98,14 @@ impl BlockManager {
     /// Takes a block for a new owner: a never-hashed free block, else the least
     /// recently released cached one (its hash is dropped).
     fn take_block(&mut self) -> Option<BlockId> {
-        self.free.pop_front().or_else(|| self.cached.evict_lru())
+        if let Some(b) = self.free.pop_front() {
+            return Some(b);
+        }
+        let (b, hash) = self.cached.evict_lru()?;
+        if let Some(e) = self.evicted.as_mut() {
+            e.push(hash);
+        }
+        Some(b)
     }
 
     /// Blocks owned by at least one sequence.

@@ -26,13 +26,16 @@ pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
 pub use echo::PromptEcho;
 pub use policy::{
-    EngineStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler, SchedulerLimits,
+    EngineStats, KvEventStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler,
+    SchedulerLimits,
 };
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};
 pub use speculative::{SpecStats, Speculation};
 
 #[cfg(test)]
 mod choices_tests;
+#[cfg(test)]
+mod kv_events_tests;
 #[cfg(test)]
 mod post_step_tests;
 #[cfg(test)]

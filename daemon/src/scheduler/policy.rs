@@ -29,6 +29,7 @@ use super::sequence::{Sequence, TokenizedRequest};
 use super::speculative::{RowCost, SpecState, SpecStats, Speculation};
 
 mod fork;
+mod kv_events;
 
 /// A block copy for a forked choice, shipped with the next batch if the choice still
 /// owns `copy.dst` at table index `index` then.
@@ -147,6 +148,18 @@ pub struct EngineStats {
     pub speculative: SpecStats,
     /// LoRA adapters of the running and the waiting sequences.
     pub lora: LoraStats,
+    /// KV-cache event publishing (`[kv_events]`; zero when off).
+    pub kv_events: KvEventStats,
+}
+
+/// KV-cache event messages since start (filled in by the scheduler loop, which holds
+/// the publisher).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct KvEventStats {
+    /// Messages sent on the PUB socket.
+    pub published: u64,
+    /// Messages that left the replay buffer before they could be sent.
+    pub dropped: u64,
 }
 
 /// Which LoRA adapters the engine's sequences use now (the Gateway API Inference
@@ -187,6 +200,8 @@ pub struct Scheduler {
     gone: Vec<(Sequence, String)>,
     /// The adapter registry the sequences' leases come from (loads to start).
     adapters: Option<std::sync::Arc<crate::adapters::AdapterRegistry>>,
+    /// KV-cache events of the memory tier, when published.
+    kv_events: Option<kv_events::KvEventLog>,
 }
 
 /// Whether a waiting sequence's adapter lets it be admitted now.
@@ -223,6 +238,7 @@ impl Scheduler {
             },
             gone: Vec::new(),
             adapters: None,
+            kv_events: None,
         }
     }
 
@@ -362,6 +378,7 @@ impl Scheduler {
                 running: adapter_names(self.running.iter()),
                 waiting: adapter_names(self.waiting.iter()),
             },
+            kv_events: KvEventStats::default(),
         }
     }
 
@@ -801,12 +818,22 @@ impl Scheduler {
                 .prefix_hashes(hits + from_disk, bs, &prefix.fingerprint)
                 .to_vec();
             let table = self.blocks.table(seq.id).to_vec();
+            let mut stored = Vec::new();
             // The table covers the whole sequence, so every block index here is in it.
             for (idx, (&hash, &block)) in hashes.iter().zip(&table).enumerate().skip(hits) {
                 let kv = std::mem::take(&mut disk.blocks[idx - disk.first_block]);
-                self.blocks
-                    .register(seq.id, idx, hash, &seq.block_tokens(idx, bs));
+                let tokens = seq.block_tokens(idx, bs);
+                if self.blocks.register(seq.id, idx, hash, &tokens) {
+                    stored.push(kv_events::Registered {
+                        index: idx,
+                        hash,
+                        tokens,
+                    });
+                }
                 self.loads.push(BlockLoad { block, kv });
+            }
+            if let Some(keys) = seq.cache.as_ref().map(|c| c.keys.clone()) {
+                self.record_stored(stored, &hashes, &keys);
             }
         }
         let cached = hits + from_disk;
@@ -885,12 +912,23 @@ impl Scheduler {
             return;
         }
         let hashes = s.prefix_hashes(to, bs, &prefix.fingerprint).to_vec();
+        let mut stored = Vec::new();
         for (b, &hash) in hashes.iter().enumerate().skip(from) {
             let tokens = s.block_tokens(b, bs);
-            self.blocks.register(s.id, b, hash, &tokens);
+            if self.blocks.register(s.id, b, hash, &tokens) {
+                stored.push(kv_events::Registered {
+                    index: b,
+                    hash,
+                    tokens,
+                });
+            }
         }
-        if let Some(c) = s.cache.as_mut() {
+        let keys = s.cache.as_mut().map(|c| {
             c.registered = to;
+            c.keys.clone()
+        });
+        if let Some(keys) = keys {
+            self.record_stored(stored, &hashes, &keys);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::sampling::SamplerChain;
 
 const BS: usize = 4;
 
-fn sched(blocks: usize) -> Scheduler {
+pub(super) fn sched(blocks: usize) -> Scheduler {
     let limits = SchedulerLimits {
         max_running: 8,
         max_waiting: 8,
@@ -32,7 +32,11 @@ fn sched(blocks: usize) -> Scheduler {
     })
 }
 
-fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest, EventReceiver) {
+pub(super) fn request(
+    id: u64,
+    prompt: Vec<u32>,
+    cache: CacheOptions,
+) -> (TokenizedRequest, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let req = TokenizedRequest {
         channels: Default::default(),
@@ -61,14 +65,17 @@ fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (TokenizedRequest,
     (req, rx)
 }
 
-fn prompt(n: u32) -> Vec<u32> {
+pub(super) fn prompt(n: u32) -> Vec<u32> {
     (100..100 + n).collect()
 }
 
 /// Submits, schedules one step and commits it; returns (start_pos, tokens run,
 /// block table, blocks handed to the disk tier, cached_tokens).
 #[allow(clippy::type_complexity)]
-fn admit(s: &mut Scheduler, req: TokenizedRequest) -> (usize, usize, Vec<u32>, Vec<u32>, usize) {
+pub(super) fn admit(
+    s: &mut Scheduler,
+    req: TokenizedRequest,
+) -> (usize, usize, Vec<u32>, Vec<u32>, usize) {
     let id = req.seq;
     s.submit(req).expect("submit");
     let (batch, _) = s.schedule();

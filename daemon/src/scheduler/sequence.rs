@@ -71,6 +71,9 @@ pub struct SeqCache {
     pub registered: usize,
     /// Disk payloads not yet loaded (taken at admission).
     pub disk: Option<DiskHit>,
+    /// What entered the hashes besides tokens (the adapter, `cache_salt`), for the
+    /// KV-cache events.
+    pub keys: crate::kv_events::BlockKeys,
 }
 
 /// What [`Sequence::accept_token`] decided.
@@ -200,6 +203,10 @@ impl Sequence {
                 hashes: Vec::new(),
                 registered: 0,
                 disk: req.disk_hit,
+                keys: crate::kv_events::BlockKeys {
+                    lora_name: req.adapter.as_ref().map(|a| a.name().to_owned()),
+                    cache_salt: req.cache.salt.clone(),
+                },
             }),
             _ => None,
         };

@@ -74,6 +74,7 @@ impl Sequence {
                         hashes: c.hashes.clone(),
                         registered: c.registered,
                         disk: None,
+                        keys: c.keys.clone(),
                     }),
                     cached_tokens: self.cached_tokens,
                     choice: f.index,
