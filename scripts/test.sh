@@ -24,16 +24,18 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 # tests/tests/http_api.rs and steering.rs drive the OpenAI-compatible API with the
 # official `openai` package (checking JSON-schema output with `jsonschema`) and parse
-# /metrics with prometheus_client, from a virtual environment here.
+# /metrics with prometheus_client, from a virtual environment here; kv_events.rs
+# subscribes with pyzmq and msgspec (vLLM's subscriber), deploy_manifests.rs validates
+# with kubernetes-validate and PyYAML.
 if [[ -z "${INFERD_TEST_PYTHON:-}" ]]; then
     if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
         if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq python3-venv; else
             sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv; fi
     fi
-    if ! target/pyenv/bin/python -c "import openai, prometheus_client, jsonschema, pytest, websockets, selenium" 2>/dev/null; then
+    if ! target/pyenv/bin/python -c "import openai, prometheus_client, jsonschema, pytest, websockets, selenium, kubernetes_validate, yaml, msgspec, zmq" 2>/dev/null; then
         python3 -m venv target/pyenv
         target/pyenv/bin/pip install -q --disable-pip-version-check openai prometheus_client jsonschema \
-            pytest websockets selenium
+            pytest websockets selenium kubernetes-validate==1.37.0 pyyaml msgspec pyzmq
     fi
 fi
 py="${INFERD_TEST_PYTHON:-target/pyenv/bin/python}"
@@ -50,6 +52,16 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
         sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver; fi
 fi
 scripts/build-plugins.sh
+# tests/tests/deploy_manifests.rs validates the HTTPRoute with the npm package
+# @kubernetes-models/gateway-api under node (tests/node/validate_httproute.mjs; node and
+# npm are there since build-plugins.sh): the versions pinned in tests/node/package.json
+# and package-lock.json, installed into target/k8s-node when missing or when the lock changed.
+if ! cmp -s tests/node/package-lock.json target/k8s-node/package-lock.json ||
+    [[ ! -f target/k8s-node/node_modules/@kubernetes-models/gateway-api/package.json ]]; then
+    mkdir -p target/k8s-node
+    cp tests/node/package.json tests/node/package-lock.json target/k8s-node/
+    npm ci --prefix target/k8s-node --no-audit --no-fund --loglevel=error
+fi
 cargo fmt --all -- --check
 cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
 cargo build --workspace --bins

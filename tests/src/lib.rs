@@ -97,6 +97,8 @@ pub struct Daemon {
     pub url: String,
     /// stderr lines collected so far are available through [`Daemon::stderr_tail`].
     stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// The KV-cache event sockets (`inferd: kv events on PUB replay ROUTER`).
+    kv_events: std::sync::Arc<std::sync::Mutex<Option<(String, String)>>>,
 }
 
 impl Daemon {
@@ -214,9 +216,19 @@ impl Daemon {
             }
         });
         let (tx, rx) = mpsc::channel();
+        let kv_events = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let kv_events2 = kv_events.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("inferd: listening on ") {
+                if let Some(rest) = line.strip_prefix("inferd: kv events on ") {
+                    let mut parts = rest.split(" replay ");
+                    let local = |s: &str| s.trim().replace("tcp://0.0.0.0:", "tcp://127.0.0.1:");
+                    if let (Some(p), Some(r), Ok(mut k)) =
+                        (parts.next(), parts.next(), kv_events2.lock())
+                    {
+                        *k = Some((local(p), local(r)));
+                    }
+                } else if let Some(url) = line.strip_prefix("inferd: listening on ") {
                     if !bound_only {
                         let _ = tx.send(url.trim().to_string());
                     }
@@ -241,7 +253,14 @@ impl Daemon {
             _store_dir: store_dir,
             url,
             stderr: lines,
+            kv_events,
         })
+    }
+
+    /// The KV-cache event sockets, `(PUB, replay)` as `tcp://127.0.0.1:PORT`, when
+    /// `[kv_events]` is on.
+    pub fn kv_events(&self) -> Option<(String, String)> {
+        self.kv_events.lock().ok().and_then(|k| k.clone())
     }
 
     /// Sends `signal` (`"TERM"`, `"KILL"`, ...) to the daemon with `kill(1)`.

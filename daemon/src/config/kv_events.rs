@@ -58,7 +58,7 @@ impl KvEventsConfig {
         check_endpoint("kv_events.endpoint", &self.endpoint)?;
         if !self.replay_endpoint.is_empty() {
             check_endpoint("kv_events.replay_endpoint", &self.replay_endpoint)?;
-            if self.replay_endpoint == self.endpoint {
+            if self.replay_endpoint == self.endpoint && !self.endpoint.ends_with(":0") {
                 return Err(ConfigError(format!(
                     "kv_events.replay_endpoint must differ from kv_events.endpoint (both {:?})",
                     self.endpoint
