@@ -64,17 +64,25 @@ if ! cmp -s tests/node/package-lock.json target/k8s-node/package-lock.json ||
 fi
 cargo fmt --all -- --check
 cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
+cargo fmt --manifest-path tests/dynamo-router/Cargo.toml -- --check
 cargo build --workspace --bins
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+# tests/dynamo-router: NVIDIA Dynamo's KV router crate (dynamo-kv-router) routing over
+# three replicas from their KV-cache events; a workspace of its own (that crate pins
+# tokio to one exact version), built into target/dynamo-router, run on the daemon above.
+INFERD_BINARY="$root/target/debug/inferd" cargo test --manifest-path tests/dynamo-router/Cargo.toml \
+    --target-dir target/dynamo-router --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 # The Python client's and the browser page's tests, against the daemon built above.
 "$py" -m pytest -q -p no:cacheprovider clients/python/tests tests/browser 2>&1 | tee -a "$log" || status=$?
 # no_digits_js's matcher under plain Node (plugins/no_digits_js/test.mjs; node is there
 # since build-plugins.sh built the JavaScript plugins with it).
 node plugins/no_digits_js/test.mjs 2>&1 | tee -a "$log" || status=$?
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --manifest-path tests/dynamo-router/Cargo.toml --target-dir target/dynamo-router \
+    --all-targets -- -D warnings
 cargo clippy --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml \
     --target-dir target/plugins-build -- -D warnings
 # cargo's "test result:" lines and pytest's closing line ("N passed, N failed in Ts").
