@@ -40,6 +40,15 @@
 #   BASE_ARGS, NEW_ARGS  extra `inferd serve` arguments for that side's daemon (split on
 #                     spaces), e.g. NEW_ARGS="--lora-modules a=FILE" with BASE = NEW to
 #                     count what adapters that are loaded but unused cost
+#   BASE_ENV, NEW_ENV extra environment for that side's daemon (NAME=VALUE, split on
+#                     spaces), e.g. NEW_ENV="INFERD__KV_EVENTS__ENABLED=true
+#                     INFERD__KV_EVENTS__ENDPOINT=tcp://127.0.0.1:0 ..." to count what
+#                     publishing KV-cache events costs
+#   CACHE_SALTED=1    requests use the prefix cache, each under a cache_salt of its own:
+#                     every block a request completes is new (registered, written to the
+#                     disk tier, and with [kv_events] published), none is a hit
+#   SUBSCRIBE=1       attach tests/python/kv_events_subscriber.py (target/pyenv's python)
+#                     to a side whose daemon publishes KV-cache events, for its whole run
 #   FORWARD_FN        the model's forward pass, whose inclusive cost is the "model" part
 #                     (default inferd::model::transformer::Model::forward_batch)
 #   ANALYZE_ONLY=1    no build and no runs: only the tables from the dumps already in WORK
@@ -118,10 +127,13 @@ trap cleanup EXIT
 
 request() { # url max_tokens out.json
     python3 - "$1" "$2" "$3" "$prompt" <<'PY'
-import json, sys, urllib.request
+import json, os, sys, urllib.request
 url, max_tokens, out, prompt = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}, "cache": False}
+if os.environ.get("CACHE_SALTED") == "1":
+    body["cache"] = True
+    body["cache_salt"] = os.path.basename(out)
 req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
                              {"Content-Type": "application/json"})
 text, finish, usage = "", None, None
@@ -160,13 +172,15 @@ run_side() { # side rev
     rm -rf "$dir"
     mkdir -p "$dir/store"
     local cg="$dir/callgrind.out"
-    local extra_var="${side^^}_ARGS"
-    local -a extra=()
+    local extra_var="${side^^}_ARGS" env_var="${side^^}_ENV"
+    local -a extra=() side_env=()
     read -r -a extra <<<"${!extra_var:-}"
+    read -r -a side_env <<<"${!env_var:-}"
     echo "bench-instructions: $side ${rev:0:10}: starting under callgrind ${extra[*]}" >&2
     # Run from $dir so that no target/plugins is found; the plugins dir does not exist.
     (cd "$dir" && exec env INFERD__MODEL__THREADS=1 INFERD__MODEL__DEVICE=cpu \
         INFERD__PREFIX_STORE__PATH="$dir/store" INFERD__PLUGINS__DIR="$dir/no-plugins" \
+        "${side_env[@]}" \
         valgrind --tool=callgrind --callgrind-out-file="$cg" \
         "$work/bin/inferd-$rev" serve --config "$work/bin/inferd-$rev.toml" \
         --model "$model" --listen 127.0.0.1:0 "${extra[@]}" >"$dir/daemon.out" 2>"$dir/daemon.err") &
@@ -179,7 +193,20 @@ run_side() { # side rev
         sleep 0.5
     done
     [[ -n $addr ]] || { echo "bench-instructions: $side did not start" >&2; exit 1; }
-    local url="http://$addr"
+    local url="http://$addr" sub_pid=""
+    local events
+    events=$(sed -n 's#^inferd: kv events on \(tcp://[^ ]*\) replay \(tcp://[^ ]*\)$#\1 \2#p' "$dir/daemon.out" | head -n1)
+    if [[ ${SUBSCRIBE:-0} == 1 && -n $events ]]; then
+        read -r -a events <<<"$events"
+        # It reads until its stdin (a FIFO held open here) closes, then prints a summary.
+        mkfifo "$dir/subscriber.in"
+        "$root/target/pyenv/bin/python" "$root/tests/python/kv_events_subscriber.py" \
+            collect "${events[0]}" "${events[1]}" kv-events <"$dir/subscriber.in" \
+            >"$dir/subscriber.out" &
+        sub_pid=$!
+        exec {sub_fd}>"$dir/subscriber.in"
+        echo "bench-instructions: $side: a KV-event subscriber is attached" >&2
+    fi
     request "$url" "$short" "$dir/warmup.json"
     callgrind_control --zero "$pid" >/dev/null
     local n=0 r len
@@ -199,6 +226,11 @@ run_side() { # side rev
     kill -TERM "$pid"
     wait "$pid" || true
     pid=""
+    if [[ -n $sub_pid ]]; then
+        exec {sub_fd}>&-
+        wait "$sub_pid" || true
+        python3 -c 'import json, sys; s = json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(f"bench-instructions: the subscriber decoded {len(s[\"seqs\"])} messages, {len(s[\"events\"])} events", file=sys.stderr)' "$dir/subscriber.out" || true
+    fi
     # The same greedy text on both sides is a check that they did the same work.
     cp "$dir/long-1.json" "$work/$side-long.json"
 }
