@@ -229,7 +229,7 @@ run_side() { # side rev
     if [[ -n $sub_pid ]]; then
         exec {sub_fd}>&-
         wait "$sub_pid" || true
-        python3 -c 'import json, sys; s = json.loads(open(sys.argv[1]).read().splitlines()[-1]); print(f"bench-instructions: the subscriber decoded {len(s[\"seqs\"])} messages, {len(s[\"events\"])} events", file=sys.stderr)' "$dir/subscriber.out" || true
+        python3 -c 'import json, sys; s = json.loads(open(sys.argv[1]).read().splitlines()[-1]); print("bench-instructions: the subscriber decoded %d messages, %d events" % (len(s["seqs"]), len(s["events"])), file=sys.stderr)' "$dir/subscriber.out" || true
     fi
     # The same greedy text on both sides is a check that they did the same work.
     cp "$dir/long-1.json" "$work/$side-long.json"

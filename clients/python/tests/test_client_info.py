@@ -39,10 +39,11 @@ def test_stats_are_typed_and_cover_every_field(daemon: Daemon, check: FrameCheck
     assert st.running == 0 and st.kv_block_size == 16 and st.kv_blocks_total > 0
     assert st.prefix_cache.enabled and st.speculative.method in ("ngram", "draft", "off")
     assert st.lora == inferd.LoraStats(running=[], waiting=[])
+    assert st.kv_events == inferd.KvEventStats(published=0, dropped=0)
     # The dataclasses name every field the daemon sends (and nothing else).
     (frame,) = [f for f in check.frames if f["type"] == "stats"]
     assert set(frame) - {"type", "id"} == {f.name for f in dataclasses.fields(inferd.Stats)}
-    for field in ("prefix_cache", "speculative", "lora"):
+    for field in ("prefix_cache", "speculative", "lora", "kv_events"):
         assert set(frame[field]) == {f.name for f in dataclasses.fields(getattr(st, field))}
 
 

@@ -56,6 +56,16 @@ class LoraStats:
 
 
 @dataclass(frozen=True)
+class KvEventStats:
+    """KV-cache event messages since start (``[kv_events]``; 0 when off)."""
+
+    published: int
+    """Sent on the ZeroMQ PUB socket."""
+    dropped: int
+    """Pushed out of the replay buffer before they could be sent."""
+
+
+@dataclass(frozen=True)
 class Stats:
     """The engine's state when it handled the ``stats`` request."""
 
@@ -74,17 +84,21 @@ class Stats:
     speculative: SpeculativeStats
     lora: LoraStats | None = None
     """The adapters in use (``None`` from a daemon without LoRA support)."""
+    kv_events: KvEventStats | None = None
+    """KV-cache event counters (``None`` from a daemon without them)."""
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Stats:
         """Parses a ``stats`` frame."""
         lora = frame.get("lora")
+        kv_events = frame.get("kv_events")
         return known_fields(
             cls,
             frame,
             prefix_cache=known_fields(PrefixCacheStats, frame["prefix_cache"]),
             speculative=known_fields(SpeculativeStats, frame["speculative"]),
             lora=known_fields(LoraStats, lora) if isinstance(lora, dict) else None,
+            kv_events=known_fields(KvEventStats, kv_events) if isinstance(kv_events, dict) else None,
         )
 
 
