@@ -823,13 +823,7 @@ impl Scheduler {
             for (idx, (&hash, &block)) in hashes.iter().zip(&table).enumerate().skip(hits) {
                 let kv = std::mem::take(&mut disk.blocks[idx - disk.first_block]);
                 let tokens = seq.block_tokens(idx, bs);
-                if self.blocks.register(seq.id, idx, hash, &tokens) {
-                    stored.push(kv_events::Registered {
-                        index: idx,
-                        hash,
-                        tokens,
-                    });
-                }
+                self.register_block(seq.id, idx, hash, tokens, &mut stored);
                 self.loads.push(BlockLoad { block, kv });
             }
             if let Some(keys) = seq.cache.as_ref().map(|c| c.keys.clone()) {
@@ -912,21 +906,18 @@ impl Scheduler {
             return;
         }
         let hashes = s.prefix_hashes(to, bs, &prefix.fingerprint).to_vec();
-        let mut stored = Vec::new();
-        for (b, &hash) in hashes.iter().enumerate().skip(from) {
-            let tokens = s.block_tokens(b, bs);
-            if self.blocks.register(s.id, b, hash, &tokens) {
-                stored.push(kv_events::Registered {
-                    index: b,
-                    hash,
-                    tokens,
-                });
-            }
-        }
+        let id = s.id;
+        let blocks: Vec<Vec<u32>> = (from..hashes.len())
+            .map(|b| s.block_tokens(b, bs))
+            .collect();
         let keys = s.cache.as_mut().map(|c| {
             c.registered = to;
             c.keys.clone()
         });
+        let mut stored = Vec::new();
+        for (b, tokens) in (from..).zip(blocks) {
+            self.register_block(id, b, hashes[b], tokens, &mut stored);
+        }
         if let Some(keys) = keys {
             self.record_stored(stored, &hashes, &keys);
         }

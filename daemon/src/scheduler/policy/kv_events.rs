@@ -6,6 +6,7 @@
 use super::Scheduler;
 use crate::kv_events::{external_hash, BlockKeys, KvEvent, Medium};
 use crate::prefix_store::BlockHash;
+use crate::request::SeqId;
 
 /// The events recorded since the last [`Scheduler::take_kv_events`].
 #[derive(Debug)]
@@ -31,6 +32,25 @@ impl Scheduler {
             events: Vec::new(),
         });
         self
+    }
+
+    /// Registers block `index` of sequence `id` in the memory tier; when it is newly
+    /// held, notes it in `stored` (for [`Self::record_stored`]).
+    pub(super) fn register_block(
+        &mut self,
+        id: SeqId,
+        index: usize,
+        hash: BlockHash,
+        tokens: Vec<u32>,
+        stored: &mut Vec<Registered>,
+    ) {
+        if self.blocks.register(id, index, hash, &tokens) {
+            stored.push(Registered {
+                index,
+                hash,
+                tokens,
+            });
+        }
     }
 
     /// The events since the last call, oldest first (empty when not recording).
