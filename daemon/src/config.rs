@@ -17,7 +17,7 @@ mod kv_events;
 mod lora;
 mod server;
 mod speculative;
-pub use kv_events::KvEventsConfig;
+pub use kv_events::{EventEncoding, KvEventsConfig};
 pub use lora::LoraConfig;
 pub use server::ServerConfig;
 pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};

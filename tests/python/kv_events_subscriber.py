@@ -24,8 +24,9 @@ import msgspec
 import zmq
 from msgspec.msgpack import Decoder
 
-# The wire types, as vLLM defines them (vllm/distributed/kv_events.py): the batch is
-# array-like, each event a map tagged by its class name.
+# The wire types, as vLLM defines them (vllm/distributed/kv_events.py): the batch and
+# each event array-like, the event tagged by its class name (inferd's default
+# kv_events.event_encoding = "array"; with "map", drop array_like from KVCacheEvent).
 ExternalBlockHash = bytes | int
 
 
@@ -34,7 +35,7 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     events: list[Any]
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     pass
 
 

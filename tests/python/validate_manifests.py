@@ -307,12 +307,18 @@ def invariants(docs):
     check("ports", port > 0 and set(seen) == {port} and svc_ports and pool_ports,
           f"server.listen port {port}, containerPort http {ports.get('http')}, probes, Service "
           f"targetPorts {svc_ports} and InferencePool targetPorts {pool_ports} must all be one port")
-    # The KV-cache event sockets ([kv_events]) are the containerPorts kv-events and kv-replay.
-    kv = cfg.get("kv_events", {})
-    if kv.get("enabled"):
+    # The KV-cache event sockets ([kv_events], defaults from configs/inferd.toml) bind
+    # every interface on the containerPorts kv-events and kv-replay ("" = no replay).
+    kv = {k: setting("kv_events", k) for k in ("enabled", "endpoint", "replay_endpoint")}
+    if kv["enabled"] in (True, "true"):
         want = {"kv-events": kv.get("endpoint", ""), "kv-replay": kv.get("replay_endpoint", "")}
-        check("kv-events", all(ep.rsplit(":", 1)[-1] == str(ports.get(name)) for name, ep in want.items()),
-              f"[kv_events] endpoints {want} must be the containerPorts {ports}")
+        want = {name: ep for name, ep in want.items() if ep or name == "kv-events"}
+
+        def reachable(name, ep):
+            host, _, port = ep.removeprefix("tcp://").rpartition(":")
+            return ep.startswith("tcp://") and host in ("*", "0.0.0.0") and port == str(ports.get(name))
+        check("kv-events", all(reachable(n, ep) for n, ep in want.items()),
+              f"[kv_events] endpoints {want} must bind tcp://*:PORT on the containerPorts {ports}")
 
     # Drain: the kubelet's SIGKILL comes after preStop + shutdown_grace_s.
     grace = int(setting("server", "shutdown_grace_s"))
@@ -422,6 +428,8 @@ MUTATIONS = [
     ("configmap.yaml", "prefix store at the mount point",
      edit_toml('"/var/lib/inferd/prefix-store"', '"/var/lib/inferd"'), "[volumes]"),
     ("configmap.yaml", "KV events on another port", edit_toml('"tcp://*:5557"', '"tcp://*:6000"'),
+     "[kv-events]"),
+    ("configmap.yaml", "KV events on loopback", edit_toml('"tcp://*:5557"', '"tcp://127.0.0.1:5557"'),
      "[kv-events]"),
     ("configmap.yaml", "API key in the ConfigMap", edit_toml("[server]", '[server]\napi_key = "k"'),
      "[api-key-from-secret]"),

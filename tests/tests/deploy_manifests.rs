@@ -78,7 +78,7 @@ fn the_validator_refuses_unknown_fields_wrong_types_missing_fields_and_broken_in
     let out = run_python("validate_manifests.py", &["--self-test"], None)
         .expect("validate_manifests.py --self-test");
     let total = count(&out, "mutations");
-    assert!(total >= 71, "{out}");
+    assert!(total >= 72, "{out}");
     assert_eq!(count(&out, "rejected"), total, "{out}");
     assert_eq!(out["accepted"].as_array().map(Vec::len), Some(0), "{out}");
     assert_eq!(

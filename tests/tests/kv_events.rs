@@ -130,6 +130,7 @@ async fn events_follow_the_prefix_cache_and_decode_with_vllm_types() {
     let tokens = greedy(&mut c, "r1", &p1, None).await;
     wait_disk_blocks(&mut c, 2).await;
     greedy(&mut c, "r2", &p1, Some("tenant-a")).await;
+    wait_disk_blocks(&mut c, 4).await;
     // 340 other tokens (and 8 generated) need 22 of the 24 blocks, 20 of them never
     // hashed: two cached ones are evicted, r1's chain first, its tail first.
     greedy(&mut c, "r3", &prompt(5000, 340), None).await;
@@ -168,6 +169,18 @@ async fn events_follow_the_prefix_cache_and_decode_with_vllm_types() {
         .expect("a salted store");
     assert_eq!(salted["token_ids"], json!(p1[..32]));
     assert!(hashes(salted).iter().all(|h| !h1.contains(h)));
+    assert_eq!(
+        first["extra_keys"],
+        Value::Null,
+        "nothing but tokens in r1's hashes"
+    );
+    // The disk tier's store of the salted chain's first block carries the salt too.
+    let salted_head = hashes(salted)[0];
+    let on_disk = disk
+        .iter()
+        .find(|e| hashes(e) == [salted_head])
+        .expect("the salted head on disk");
+    assert_eq!(on_disk["extra_keys"], json!([["tenant-a"]]));
     // Evictions: some of r1's cached blocks, tail first.
     let removed: Vec<u64> = of_type(&events, "BlockRemoved", "CPU")
         .iter()
@@ -184,7 +197,7 @@ async fn events_follow_the_prefix_cache_and_decode_with_vllm_types() {
     let err = r["error"].as_str().unwrap_or_default();
     assert!(
         err.starts_with(
-            "error: start sequence number 100000 is out of range: the buffer holds 0.."
+            "error: start sequence number 100000 is out of range: the buffer holds 0 to "
         ),
         "{r}"
     );

@@ -9,6 +9,18 @@ use super::{whole_number, ConfigError};
 /// Largest `buffer_steps`.
 pub const MAX_BUFFER: usize = 1_000_000;
 
+/// How each event of a batch is laid out (`kv_events.event_encoding`; see
+/// `crate::kv_events::wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventEncoding {
+    /// A tagged array (`array_like=True`): llm-d, vLLM's array-like events, Dynamo.
+    #[default]
+    Array,
+    /// A map tagged by `"type"`: later vLLM versions, Dynamo.
+    Map,
+}
+
 /// `[kv_events]` settings (off by default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -28,6 +40,9 @@ pub struct KvEventsConfig {
     /// sent it is dropped (`inferd_kv_events_dropped_total`).
     #[serde(deserialize_with = "whole_number")]
     pub buffer_steps: usize,
+    /// `"array"` (each event a tagged array, the default) or `"map"` (a map tagged by
+    /// `"type"`).
+    pub event_encoding: EventEncoding,
     /// Reported as the batches' `data_parallel_rank`.
     #[serde(deserialize_with = "whole_number")]
     pub data_parallel_rank: usize,
@@ -41,6 +56,7 @@ impl Default for KvEventsConfig {
             replay_endpoint: "tcp://*:5558".into(),
             topic: "kv-events".into(),
             buffer_steps: 10_000,
+            event_encoding: EventEncoding::Array,
             data_parallel_rank: 0,
         }
     }

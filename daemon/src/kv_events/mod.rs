@@ -97,7 +97,24 @@ pub struct BlockKeys {
     pub cache_salt: String,
 }
 
+/// One block's share of [`BlockKeys`], as a stored block carries it to the disk tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OneBlockKeys {
+    /// The adapter's name.
+    pub lora_name: Option<String>,
+    /// The block's `extra_keys` entry.
+    pub extra_keys: Option<Vec<String>>,
+}
+
 impl BlockKeys {
+    /// Block `index`'s keys.
+    pub fn of_block(&self, index: usize) -> OneBlockKeys {
+        OneBlockKeys {
+            lora_name: self.lora_name.clone(),
+            extra_keys: self.extra_keys(index, 1).pop().flatten(),
+        }
+    }
+
     /// vLLM's `extra_keys` for blocks `first..first + n` of a chain: the adapter's
     /// name on every block, the salt on block 0 only.
     pub fn extra_keys(&self, first: usize, n: usize) -> Vec<Option<Vec<String>>> {

@@ -16,8 +16,9 @@
 //! `[identity, "", seq, payload]` for every buffered message from `start` on, then the
 //! end marker `[identity, "", -1 (8 bytes), ""]`, as vLLM does. A start older than the
 //! buffer's first message, or beyond the next one to be published, is out of range:
-//! the only reply is `[identity, "", -1, "error: …"]`, naming the range held. A request
-//! of another shape is answered the same way.
+//! the only reply is `[identity, "", -1, "error: …"]`, naming the messages held and the
+//! next one. A request of another shape (not one 8-byte frame after the optional empty
+//! one) is answered the same way.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,7 @@ struct Shared {
     capacity: usize,
     wake: Notify,
     rank: i32,
+    encoding: crate::config::EventEncoding,
     /// Messages that left the buffer before the thread sent them.
     dropped: AtomicU64,
     /// Messages sent on the PUB socket.
@@ -84,6 +86,7 @@ impl KvEventSink {
             ts,
             events,
             data_parallel_rank: self.shared.rank,
+            encoding: self.shared.encoding,
         }));
         {
             let mut b = match self.shared.buffer.lock() {
@@ -126,6 +129,7 @@ impl KvEventSink {
             capacity: config.buffer_steps.max(1),
             wake: Notify::new(),
             rank: i32::try_from(config.data_parallel_rank).unwrap_or(i32::MAX),
+            encoding: config.event_encoding,
             dropped: AtomicU64::new(0),
             sent: AtomicU64::new(0),
         });
@@ -289,9 +293,14 @@ fn answer_replay(shared: &Shared, frames: Vec<Bytes>) -> Vec<Vec<Bytes>> {
     };
     let first = b.messages.front().map_or(b.next_seq, |(s, _)| *s);
     if start < first || start > b.next_seq {
+        let held = if first == b.next_seq {
+            "nothing".to_string()
+        } else {
+            format!("{first} to {}", b.next_seq - 1)
+        };
         return error(format!(
-            "start sequence number {start} is out of range: the buffer holds {first}..{} \
-             (kv_events.buffer_steps = {})",
+            "start sequence number {start} is out of range: the buffer holds {held}, the \
+             next message is {} (kv_events.buffer_steps = {})",
             b.next_seq, shared.capacity
         ));
     }
@@ -322,6 +331,7 @@ mod tests {
                 capacity,
                 wake: Notify::new(),
                 rank: 0,
+                encoding: crate::config::EventEncoding::Array,
                 dropped: AtomicU64::new(0),
                 sent: AtomicU64::new(0),
             }),
@@ -392,8 +402,8 @@ mod tests {
             assert_eq!(
                 text,
                 format!(
-                    "error: start sequence number {s} is out of range: the buffer holds 2..5 \
-                     (kv_events.buffer_steps = 3)"
+                    "error: start sequence number {s} is out of range: the buffer holds 2 to \
+                     4, the next message is 5 (kv_events.buffer_steps = 3)"
                 )
             );
         }

@@ -1,18 +1,23 @@
-//! The msgpack encoding of an event batch, as vLLM's `msgspec` types decode it
-//! (`vllm/distributed/kv_events.py`, and the subscriber example
-//! `examples/features/kv_events/kv_events_subscriber.py`):
+//! The msgpack encoding of an event batch, as vLLM's `msgspec` types
+//! (`vllm/distributed/kv_events.py`) decode it. The batch is an array `[ts, events,
+//! data_parallel_rank]` (`EventBatch` with `array_like=True`). vLLM's versions differ
+//! on the events, so [`EventEncoding`] picks:
 //!
-//! - the batch is an array `[ts, events, data_parallel_rank]` (`EventBatch` with
-//!   `array_like=True`; Dynamo's `zmq_wire::KvEventBatch` reads the same triple);
-//! - each event is a map tagged by `"type"` (`KVCacheEvent` with `tag=True`):
-//!   `BlockStored {block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-//!   medium, lora_name, extra_keys}`, `BlockRemoved {block_hashes, medium}`,
-//!   `AllBlocksCleared {}`. `lora_id` (deprecated upstream) is always nil.
+//! - `Array` (the default): each event a tagged array, `["BlockStored", block_hashes,
+//!   parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+//!   extra_keys]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`
+//!   (`KVCacheEvent` with `array_like=True, tag=True`): what llm-d's decoder
+//!   (`pkg/kvcache/kvevents`) and vLLM's subscriber example with array-like events read;
+//! - `Map`: each event a map tagged by `"type"` with the same fields (`tag=True`
+//!   without `array_like`, later vLLM versions).
+//!
+//! Dynamo's `zmq_wire` reads both. `lora_id` (deprecated upstream) is always nil.
 
-use serde::ser::{SerializeMap, SerializeTuple};
+use serde::ser::{SerializeMap, SerializeSeq, SerializeTuple};
 use serde::{Serialize, Serializer};
 
 use super::KvEvent;
+pub use crate::config::EventEncoding;
 
 /// One message's payload.
 pub struct EventBatch<'a> {
@@ -22,66 +27,92 @@ pub struct EventBatch<'a> {
     pub events: &'a [KvEvent],
     /// `[kv_events] data_parallel_rank`.
     pub data_parallel_rank: i32,
+    /// How each event is laid out.
+    pub encoding: EventEncoding,
 }
 
 impl Serialize for EventBatch<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut t = s.serialize_tuple(3)?;
         t.serialize_element(&self.ts)?;
-        t.serialize_element(&Events(self.events))?;
+        t.serialize_element(&Events(self.events, self.encoding))?;
         t.serialize_element(&self.data_parallel_rank)?;
         t.end()
     }
 }
 
-struct Events<'a>(&'a [KvEvent]);
+struct Events<'a>(&'a [KvEvent], EventEncoding);
 
 impl Serialize for Events<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0)
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for e in self.0 {
+            seq.serialize_element(&Event(e, self.1))?;
+        }
+        seq.end()
     }
 }
 
-impl Serialize for KvEvent {
+/// One event's fields in order, the tag first.
+fn fields(e: &KvEvent) -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    match e {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            medium,
+            lora_name,
+            extra_keys,
+        } => vec![
+            ("type", json!("BlockStored")),
+            ("block_hashes", json!(block_hashes)),
+            ("parent_block_hash", json!(parent_block_hash)),
+            ("token_ids", json!(token_ids)),
+            ("block_size", json!(block_size)),
+            ("lora_id", json!(null)),
+            ("medium", json!(medium.as_str())),
+            ("lora_name", json!(lora_name)),
+            (
+                "extra_keys",
+                if extra_keys.iter().all(Option::is_none) {
+                    json!(null)
+                } else {
+                    json!(extra_keys)
+                },
+            ),
+        ],
+        KvEvent::BlockRemoved {
+            block_hashes,
+            medium,
+        } => vec![
+            ("type", json!("BlockRemoved")),
+            ("block_hashes", json!(block_hashes)),
+            ("medium", json!(medium.as_str())),
+        ],
+        KvEvent::AllBlocksCleared => vec![("type", json!("AllBlocksCleared"))],
+    }
+}
+
+struct Event<'a>(&'a KvEvent, EventEncoding);
+
+impl Serialize for Event<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                medium,
-                lora_name,
-                extra_keys,
-            } => {
-                let with_keys = !extra_keys.is_empty();
-                let mut m = s.serialize_map(Some(8 + usize::from(with_keys)))?;
-                m.serialize_entry("type", "BlockStored")?;
-                m.serialize_entry("block_hashes", block_hashes)?;
-                m.serialize_entry("parent_block_hash", parent_block_hash)?;
-                m.serialize_entry("token_ids", token_ids)?;
-                m.serialize_entry("block_size", block_size)?;
-                m.serialize_entry("lora_id", &None::<u64>)?;
-                m.serialize_entry("medium", medium.as_str())?;
-                m.serialize_entry("lora_name", lora_name)?;
-                if with_keys {
-                    m.serialize_entry("extra_keys", extra_keys)?;
+        let f = fields(self.0);
+        match self.1 {
+            EventEncoding::Array => {
+                let mut seq = s.serialize_seq(Some(f.len()))?;
+                for (_, v) in &f {
+                    seq.serialize_element(v)?;
                 }
-                m.end()
+                seq.end()
             }
-            KvEvent::BlockRemoved {
-                block_hashes,
-                medium,
-            } => {
-                let mut m = s.serialize_map(Some(3))?;
-                m.serialize_entry("type", "BlockRemoved")?;
-                m.serialize_entry("block_hashes", block_hashes)?;
-                m.serialize_entry("medium", medium.as_str())?;
-                m.end()
-            }
-            KvEvent::AllBlocksCleared => {
-                let mut m = s.serialize_map(Some(1))?;
-                m.serialize_entry("type", "AllBlocksCleared")?;
+            EventEncoding::Map => {
+                let mut m = s.serialize_map(Some(f.len()))?;
+                for (k, v) in &f {
+                    m.serialize_entry(k, v)?;
+                }
                 m.end()
             }
         }
@@ -99,9 +130,8 @@ mod tests {
     use super::*;
     use crate::kv_events::Medium;
 
-    #[test]
-    fn a_batch_is_a_triple_of_tagged_maps() {
-        let events = [
+    fn sample() -> Vec<KvEvent> {
+        vec![
             KvEvent::AllBlocksCleared,
             KvEvent::BlockStored {
                 block_hashes: vec![u64::MAX, 7],
@@ -119,17 +149,60 @@ mod tests {
                 block_hashes: vec![7],
                 medium: Medium::Disk,
             },
-        ];
+            KvEvent::BlockStored {
+                block_hashes: vec![9],
+                parent_block_hash: Some(7),
+                token_ids: vec![5, 6],
+                block_size: 2,
+                medium: Medium::Disk,
+                lora_name: None,
+                extra_keys: vec![None],
+            },
+        ]
+    }
+
+    /// Through serde's data model into JSON: arrays stay arrays, maps maps.
+    fn decoded(encoding: EventEncoding) -> serde_json::Value {
+        let events = sample();
         let bytes = encode(&EventBatch {
             ts: 1.5,
             events: &events,
             data_parallel_rank: 0,
+            encoding,
         });
-        // Through serde's data model into JSON: arrays stay arrays, maps maps.
-        let v: serde_json::Value = rmp_serde::from_slice(&bytes).expect("msgpack");
+        rmp_serde::from_slice(&bytes).expect("msgpack")
+    }
+
+    #[test]
+    fn a_batch_is_a_triple_of_tagged_arrays() {
+        let v = decoded(EventEncoding::Array);
         assert_eq!(v[0], 1.5);
         assert_eq!(v[2], 0);
         assert_eq!(v.as_array().map(Vec::len), Some(3));
+        assert_eq!(
+            v[1],
+            serde_json::json!([
+                ["AllBlocksCleared"],
+                [
+                    "BlockStored",
+                    [u64::MAX, 7],
+                    null,
+                    [1, 2, 3, 4],
+                    2,
+                    null,
+                    "CPU",
+                    "sql",
+                    [["sql", "s"], ["sql"]]
+                ],
+                ["BlockRemoved", [7], "DISK"],
+                ["BlockStored", [9], 7, [5, 6], 2, null, "DISK", null, null],
+            ])
+        );
+    }
+
+    #[test]
+    fn the_map_encoding_tags_each_event_by_type() {
+        let v = decoded(EventEncoding::Map);
         assert_eq!(v[1][0], serde_json::json!({"type": "AllBlocksCleared"}));
         assert_eq!(
             v[1][1],

@@ -19,6 +19,8 @@ pub struct PersistBlock {
     pub parent: Option<BlockHash>,
     /// Its token ids.
     pub tokens: Vec<u32>,
+    /// What else entered its hash (for the disk tier's KV-cache events).
+    pub keys: crate::kv_events::OneBlockKeys,
 }
 
 /// K/V from the prefix store's disk tier to write into a pool block before the step's
@@ -285,6 +287,7 @@ impl ModelRunner {
                         parent: p.parent,
                         tokens: p.tokens.clone(),
                         kv,
+                        keys: p.keys.clone(),
                     }),
                     Err(e) => tracing::warn!(
                         error = %crate::model::candle_error_message(&e),

@@ -48,6 +48,8 @@ pub struct StoreBlock {
     pub tokens: Vec<u32>,
     /// K/V bytes ([`crate::model::KvBlockPool::read_block`] layout).
     pub kv: Vec<u8>,
+    /// What else entered its hash (the KV-cache events' `lora_name`, `extra_keys`).
+    pub keys: crate::kv_events::OneBlockKeys,
 }
 
 /// Flush sled to disk (at shutdown, after every queued write).
@@ -148,7 +150,13 @@ impl Handler<StoreBlock> for PrefixStoreActor {
             .queued_bytes
             .fetch_sub(msg.kv.len() as u64, Ordering::Relaxed);
         if let Some(s) = self.store.as_mut() {
-            s.put(&msg.hash, msg.parent.as_ref(), &msg.tokens, &msg.kv);
+            s.put_keyed(
+                &msg.hash,
+                msg.parent.as_ref(),
+                &msg.tokens,
+                &msg.kv,
+                &msg.keys,
+            );
             s.flush_kv_events();
         }
     }

@@ -978,6 +978,18 @@ impl DiskStore {
     /// bytes stored), evicts and retries once. A failure drops the block, counts it in
     /// `dropped_writes` and is logged at most once a minute.
     pub fn put(&mut self, hash: &BlockHash, parent: Option<&BlockHash>, tokens: &[u32], kv: &[u8]) {
+        self.put_keyed(hash, parent, tokens, kv, &Default::default());
+    }
+
+    /// [`Self::put`], with what else entered the block's hash for its KV-cache event.
+    pub fn put_keyed(
+        &mut self,
+        hash: &BlockHash,
+        parent: Option<&BlockHash>,
+        tokens: &[u32],
+        kv: &[u8],
+        keys: &crate::kv_events::OneBlockKeys,
+    ) {
         if self.entries.contains_key(hash) {
             self.touch(hash);
             return;
@@ -1049,7 +1061,7 @@ impl DiskStore {
         }
         self.bytes += size;
         self.index_insert(*hash);
-        self.note_stored(hash, parent, tokens);
+        self.note_stored(hash, parent, tokens, keys);
         self.counters.written_blocks.fetch_add(1, Ordering::Relaxed);
         self.publish();
     }

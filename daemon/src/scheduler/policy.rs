@@ -875,6 +875,11 @@ impl Scheduler {
                     hash: hashes[b],
                     parent: b.checked_sub(1).map(|p| hashes[p]),
                     tokens: s.block_tokens(b, bs),
+                    keys: s
+                        .cache
+                        .as_ref()
+                        .map(|c| c.keys.of_block(b))
+                        .unwrap_or_default(),
                 })
             })
             .collect()

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::Read;
 
 use super::{block_path, DiskStore};
-use crate::kv_events::{external_hash, KvEvent, KvEventSink, Medium};
+use crate::kv_events::{external_hash, KvEvent, KvEventSink, Medium, OneBlockKeys};
 use crate::prefix_store::entry::HEADER_BYTES;
 use crate::prefix_store::hash::BlockHash;
 
@@ -49,6 +49,7 @@ impl DiskStore {
         hash: &BlockHash,
         parent: Option<&BlockHash>,
         tokens: &[u32],
+        keys: &OneBlockKeys,
     ) {
         if let Some(e) = self.kv_events.as_mut() {
             e.pending.push(KvEvent::BlockStored {
@@ -57,8 +58,8 @@ impl DiskStore {
                 token_ids: tokens.to_vec(),
                 block_size: e.block_size,
                 medium: Medium::Disk,
-                lora_name: None,
-                extra_keys: Vec::new(),
+                lora_name: keys.lora_name.clone(),
+                extra_keys: vec![keys.extra_keys.clone()],
             });
         }
     }
@@ -97,7 +98,8 @@ impl DiskStore {
         for h in order {
             if let Some(tokens) = read_tokens(&block_path(&self.blocks, &h)) {
                 let parent = parents.get(&h).copied().flatten();
-                self.note_stored(&h, parent.as_ref(), &tokens);
+                // The store keeps hashes and tokens, not the adapter or salt.
+                self.note_stored(&h, parent.as_ref(), &tokens, &OneBlockKeys::default());
             }
         }
     }
