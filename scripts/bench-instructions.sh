@@ -187,7 +187,7 @@ run_side() { # side rev
     pid=$!
     local addr="" i
     for i in $(seq 1 1200); do
-        addr=$(sed -n 's#^inferd: listening on ws://\([^/]*\)/v1/ws.*#\1#p' "$dir/daemon.out" | head -n1)
+        addr=$(sed -n 's#^inferd: listening on ws://\([^/]*\)/v1/ws.*#\1#p' "$dir/daemon.out" 2>/dev/null | head -n1 || true)
         [[ -n $addr ]] && break
         kill -0 "$pid" 2>/dev/null || { cat "$dir/daemon.err" >&2; exit 1; }
         sleep 0.5
