@@ -10,6 +10,11 @@ first message of a reply that is several messages long.
         (and 0.5 s more); fills every sequence gap through the replay socket. Prints one
         JSON object: {"seqs": [...], "replayed": [...], "events": [...]} where each
         event is {"seq", "type", ...fields}.
+    kv_events_subscriber.py collect PUB REPLAY TOPIC SKIP
+        The same, but discards every SKIP-th message read from the SUB socket, as if
+        ZeroMQ had dropped it: the gap must be filled through the replay socket.
+    kv_events_subscriber.py stall PUB TOPIC
+        Subscribes, prints "ready" and never reads, until stdin closes.
     kv_events_subscriber.py replay REPLAY START
         Sends one replay request; prints {"seqs": [...], "error": text or null}.
 """
@@ -94,7 +99,7 @@ def replay(sock: zmq.Socket, start: int, timeout_ms: int = 5000):
         got.append((int.from_bytes(seq_bytes, "big"), payload))
 
 
-def collect(pub: str, replay_ep: str, topic: str) -> None:
+def collect(pub: str, replay_ep: str, topic: str, skip: int = 0) -> None:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.connect(pub)
@@ -102,7 +107,7 @@ def collect(pub: str, replay_ep: str, topic: str) -> None:
     req = ctx.socket(zmq.DEALER)
     req.connect(replay_ep)
     events, seqs, replayed = [], [], []
-    last = -1
+    last, read, skipped = -1, 0, []
 
     def take(seq: int, payload: bytes, via_replay: bool) -> None:
         nonlocal last
@@ -131,18 +136,41 @@ def collect(pub: str, replay_ep: str, topic: str) -> None:
         if sub.poll(50):
             topic_frame, seq_bytes, payload = sub.recv_multipart()
             assert topic_frame == topic.encode(), topic_frame
-            take(int.from_bytes(seq_bytes, "big"), payload, False)
+            read += 1
+            if skip and read % skip == 0:
+                skipped.append(int.from_bytes(seq_bytes, "big"))
+            else:
+                take(int.from_bytes(seq_bytes, "big"), payload, False)
         if stdin_open and select.select([sys.stdin], [], [], 0)[0]:
             if not sys.stdin.readline():
                 stdin_open, deadline = False, time.monotonic() + 0.5
         if deadline is not None and time.monotonic() > deadline:
             break
-    print(json.dumps({"seqs": seqs, "replayed": replayed, "events": events}))
+    # A lost message with nothing after it shows no gap: catch up through replay.
+    got, error = replay(req, last + 1)
+    if error:
+        raise SystemExit(f"replay refused: {error}")
+    for s, p in got:
+        take(s, p, True)
+    print(json.dumps({"seqs": seqs, "replayed": replayed, "skipped": skipped, "events": events}))
+
+
+def stall(pub: str, topic: str) -> None:
+    sub = zmq.Context().socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.connect(pub)
+    sub.setsockopt_string(zmq.SUBSCRIBE, topic)
+    time.sleep(0.3)
+    print("ready", flush=True)
+    sys.stdin.read()
+    print(json.dumps({"stalled": True}))
 
 
 def main() -> None:
     if sys.argv[1] == "collect":
-        collect(sys.argv[2], sys.argv[3], sys.argv[4])
+        collect(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]) if len(sys.argv) > 5 else 0)
+    elif sys.argv[1] == "stall":
+        stall(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "replay":
         sock = zmq.Context().socket(zmq.DEALER)
         sock.connect(sys.argv[2])

@@ -1,8 +1,10 @@
 //! KV-cache events (`[kv_events]`) read by a subscriber written as vLLM's example is
 //! (tests/python/kv_events_subscriber.py: pyzmq, msgspec types): every message decodes,
 //! sequence numbers run without a gap, stores follow the prefix cache (memory and
-//! disk), evictions are removed, a replay out of range is refused, and a replica killed
-//! with -9 announces AllBlocksCleared, then its disk blocks. No token changes.
+//! disk), evictions are removed, a replay out of range is refused, a replica killed
+//! with -9 announces AllBlocksCleared, then its disk blocks, a subscriber that never
+//! reads harms nothing and one that loses messages gets them back through replay. No
+//! token changes.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -44,9 +46,13 @@ struct Subscriber {
 impl Subscriber {
     fn start(d: &Daemon) -> Self {
         let (pub_ep, replay) = d.kv_events().expect("kv events line on stdout");
+        Self::spawn(&["collect", &pub_ep, &replay, "kv-events"])
+    }
+
+    fn spawn(args: &[&str]) -> Self {
         let mut child = Command::new(python())
             .arg(workspace_root().join("tests/python/kv_events_subscriber.py"))
-            .args(["collect", &pub_ep, &replay, "kv-events"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -249,4 +255,56 @@ async fn a_replica_killed_and_restarted_clears_then_announces_its_disk_blocks() 
     assert_eq!(announced[1]["parent_block_hash"], json!(on_disk[0]));
     // The restarted replica serves the same tokens (its prompt now from the disk tier).
     assert_eq!(greedy(&mut c, "r1", &p1, None).await, tokens);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_harms_nothing_and_gaps_are_filled_by_replay() {
+    let store = tempfile::tempdir().expect("store");
+    let d = start(&events_env(&store.path().to_string_lossy()));
+    let (pub_ep, replay) = d.kv_events().expect("endpoints");
+    // One subscriber never reads; another loses every third message it reads.
+    let stalled = Subscriber::spawn(&["stall", &pub_ep, "kv-events"]);
+    let lossy = Subscriber::spawn(&["collect", &pub_ep, &replay, "kv-events", "3"]);
+    let mut c = d.connect().await.expect("connect");
+    let mut all = Vec::new();
+    for r in 0..6u32 {
+        let salt = format!("s{r}");
+        all.push(
+            greedy(
+                &mut c,
+                &format!("r{r}"),
+                &prompt(3000 + 100 * r, 40),
+                Some(&salt),
+            )
+            .await,
+        );
+    }
+    wait_disk_blocks(&mut c, 12).await;
+    let st = c.stats().await.expect("stats");
+    let published = st["kv_events"]["published"].as_u64().expect("published");
+    assert_eq!(st["kv_events"]["dropped"], 0);
+    let got = lossy.finish();
+    let seqs: Vec<u64> = got["seqs"]
+        .as_array()
+        .expect("seqs")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    assert_eq!(seqs, (0..published).collect::<Vec<_>>(), "{got}");
+    let skipped = got["skipped"].as_array().expect("skipped");
+    assert!(!skipped.is_empty(), "the test lost no message: {got}");
+    for s in skipped {
+        assert!(
+            got["replayed"].as_array().expect("replayed").contains(s),
+            "{s} was lost and not replayed: {got}"
+        );
+    }
+    assert_eq!(stalled.finish(), json!({"stalled": true}));
+    // The stalled subscriber changed no token.
+    let plain = Daemon::start().expect("daemon without events");
+    let mut pc = plain.connect().await.expect("connect");
+    assert_eq!(
+        greedy(&mut pc, "r0", &prompt(3000, 40), Some("s0")).await,
+        all[0]
+    );
 }
