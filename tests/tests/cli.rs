@@ -39,7 +39,10 @@ fn run(daemon: &Daemon, args: &[&str], stdin: &str) -> Output {
         .spawn()
         .expect("inferd-cli starts");
     if let Some(mut input) = child.stdin.take() {
-        input.write_all(stdin.as_bytes()).expect("write stdin");
+        // A CLI that fails at once (a refused key, no daemon) may exit before it reads.
+        if let Err(e) = input.write_all(stdin.as_bytes()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+        }
     }
     child.wait_with_output().expect("inferd-cli runs")
 }
