@@ -115,11 +115,15 @@ fn of_type<'a>(events: &'a [Value], ty: &str, medium: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-fn hashes(e: &Value) -> Vec<u64> {
-    e["block_hashes"]
-        .as_array()
+/// The integers of a JSON array (empty when `v` is not one).
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default()
+}
+
+fn hashes(e: &Value) -> Vec<u64> {
+    u64s(&e["block_hashes"])
 }
 
 fn prompt(first: u32, n: u32) -> Vec<u32> {
@@ -143,12 +147,7 @@ async fn events_follow_the_prefix_cache_and_decode_with_vllm_types() {
     let (_, replay) = d.kv_events().expect("endpoints");
     let summary = sub.finish();
     let events = summary["events"].as_array().expect("events").clone();
-    let seqs: Vec<u64> = summary["seqs"]
-        .as_array()
-        .expect("seqs")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect();
+    let seqs = u64s(&summary["seqs"]);
     assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "no gap");
     assert_eq!(events[0]["type"], "AllBlocksCleared", "{summary}");
     let stored = of_type(&events, "BlockStored", "CPU");
@@ -284,12 +283,7 @@ async fn a_stalled_subscriber_harms_nothing_and_gaps_are_filled_by_replay() {
     let published = st["kv_events"]["published"].as_u64().expect("published");
     assert_eq!(st["kv_events"]["dropped"], 0);
     let got = lossy.finish();
-    let seqs: Vec<u64> = got["seqs"]
-        .as_array()
-        .expect("seqs")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect();
+    let seqs = u64s(&got["seqs"]);
     assert_eq!(seqs, (0..published).collect::<Vec<_>>(), "{got}");
     let skipped = got["skipped"].as_array().expect("skipped");
     assert!(!skipped.is_empty(), "the test lost no message: {got}");
