@@ -13,6 +13,11 @@
 //! helpers. Calls from inside a task, or while another thread's job runs (tests running
 //! in parallel), run serially on the calling thread. Every task is a function of its
 //! index only, so results never depend on which thread ran it.
+//!
+//! One process may run several engines (`[[engines]]`), each with a team of its own
+//! size: [`TeamRef::new`] starts one, and [`TeamRef::use_on_this_thread`] makes it the
+//! team of the calling thread (an engine's model-runner thread). Other threads use the
+//! process-wide team sized by [`set_threads`].
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -32,6 +37,31 @@ static TEAM: OnceLock<Team> = OnceLock::new();
 thread_local! {
     /// Set while this thread runs a task (nested calls run serially).
     static IN_TASK: Cell<bool> = const { Cell::new(false) };
+    /// This thread's own team ([`TeamRef::use_on_this_thread`]); `None`: the
+    /// process-wide one.
+    static LOCAL: Cell<Option<&'static Team>> = const { Cell::new(None) };
+}
+
+/// A team of compute threads of its own size, for one engine of several. Teams live
+/// as long as the process (an engine is never torn down before exit).
+#[derive(Clone, Copy)]
+pub struct TeamRef(&'static Team);
+
+impl TeamRef {
+    /// Starts a team of `n` threads (the caller included: `n − 1` helpers; `0` is 1).
+    pub fn new(n: usize) -> Self {
+        Self(Box::leak(Box::new(Team::start(n.max(1)))))
+    }
+
+    /// Threads of the team, the caller included.
+    pub fn threads(&self) -> usize {
+        self.0.helpers.len() + 1
+    }
+
+    /// Makes this the team of the calling thread: its kernels run on it from now on.
+    pub fn use_on_this_thread(&self) {
+        LOCAL.with(|l| l.set(Some(self.0)));
+    }
 }
 
 /// Sets the team size (threads, the caller included). Only the first call before the
@@ -43,8 +73,11 @@ pub fn set_threads(n: usize) -> usize {
     threads()
 }
 
-/// Threads of the team (the caller included), at least 1.
+/// Threads of the calling thread's team (the caller included), at least 1.
 pub fn threads() -> usize {
+    if let Some(t) = LOCAL.with(Cell::get) {
+        return t.helpers.len() + 1;
+    }
     match TEAM.get() {
         Some(t) => t.helpers.len() + 1,
         None => match REQUESTED.load(Ordering::SeqCst) {
@@ -82,9 +115,16 @@ struct Team {
     busy: AtomicBool,
 }
 
+/// The calling thread's team: its own, else the process-wide one (started on first use).
 fn team() -> &'static Team {
-    TEAM.get_or_init(|| {
-        let n = threads().max(1);
+    LOCAL
+        .with(Cell::get)
+        .unwrap_or_else(|| TEAM.get_or_init(|| Team::start(threads().max(1))))
+}
+
+impl Team {
+    /// Starts `n − 1` helper threads (fewer when the system refuses one).
+    fn start(n: usize) -> Self {
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
@@ -112,7 +152,7 @@ fn team() -> &'static Team {
             helpers,
             busy: AtomicBool::new(false),
         }
-    })
+    }
 }
 
 fn helper(s: &Shared, me: usize) {
@@ -452,5 +492,29 @@ mod tests {
         for (k, h) in handles.into_iter().enumerate() {
             assert_eq!(h.join().ok(), Some(500 * 499 / 2 + 500 * k));
         }
+    }
+
+    /// A thread's own team sets its size and runs its jobs; other threads keep the
+    /// process-wide team.
+    #[test]
+    fn a_thread_of_its_own_team_uses_it() {
+        let (one, three) = (TeamRef::new(1), TeamRef::new(3));
+        assert_eq!((one.threads(), three.threads()), (1, 3));
+        let outside = threads();
+        let sizes: Vec<(usize, u64)> = std::thread::scope(|sc| {
+            [one, three]
+                .map(|t| {
+                    sc.spawn(move || {
+                        t.use_on_this_thread();
+                        let sum = map(1000, |i| i as u64).iter().sum::<u64>();
+                        (threads(), sum)
+                    })
+                })
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        assert_eq!(sizes, [(1, 499_500), (3, 499_500)]);
+        assert_eq!(threads(), outside);
     }
 }
