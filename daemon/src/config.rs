@@ -13,10 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::api::SamplingDefaults;
 use crate::model::{Kernels, Quantize};
 
+mod engines;
 mod kv_events;
 mod lora;
 mod server;
 mod speculative;
+pub use engines::{EngineConfig, MAX_ENGINES};
 pub use kv_events::{EventEncoding, KvEventsConfig};
 pub use lora::LoraConfig;
 pub use server::ServerConfig;
@@ -546,6 +548,8 @@ pub struct Settings {
     pub lora: LoraConfig,
     /// KV-cache events for routers.
     pub kv_events: KvEventsConfig,
+    /// Several engines of the model in one process (`[[engines]]`); empty: one.
+    pub engines: Vec<EngineConfig>,
 }
 
 /// Command-line overrides (the highest layer).
@@ -757,6 +761,7 @@ impl Settings {
         self.speculative.validate()?;
         self.lora.validate()?;
         self.kv_events.validate()?;
+        self.validate_engines()?;
         let s = &self.sampling;
         if !(0.0..=100.0).contains(&s.temperature) {
             return bad(format!(
