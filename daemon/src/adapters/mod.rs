@@ -7,6 +7,7 @@
 //! is resident and hands the runner the adapter with each batch row.
 
 pub mod registry;
+pub mod several;
 
 #[cfg(test)]
 mod tests;

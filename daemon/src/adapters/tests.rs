@@ -129,3 +129,38 @@ fn a_file_that_changed_since_registration_fails_its_requests() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A load reaches every engine's registry or none; an unload waits for every engine's
+/// requests.
+#[test]
+fn several_registries_load_and_unload_together() {
+    use super::several::{register_all, unregister_all};
+    let regs = [registry(2), registry(2)];
+    let info = register_all(&regs, "a", &peft_dir("llama")).expect("a");
+    assert_eq!(info.rank, 8);
+    assert!(regs.iter().all(|r| r.contains("a")));
+    // The second refuses (the name is taken there only): the first drops it again.
+    regs[1]
+        .register("b", &peft_dir("llama-rslora"))
+        .expect("b on one");
+    let e = register_all(&regs, "b", &peft_dir("llama")).expect_err("taken");
+    assert!(e.to_string().contains("already loaded"), "{e}");
+    assert!(!regs[0].contains("b") && regs[1].contains("b"));
+    // A request on the second engine holds it: refused, naming its requests.
+    let lease = regs[1].lease("a", 1.0).expect("lease");
+    assert_eq!(
+        unregister_all(&regs, "a"),
+        Err(UnloadError::InUse {
+            name: "a".into(),
+            active: 1
+        })
+    );
+    assert!(regs.iter().all(|r| r.contains("a")), "nothing unloaded");
+    drop(lease);
+    unregister_all(&regs, "a").expect("unload");
+    assert!(regs.iter().all(|r| !r.contains("a")));
+    assert_eq!(
+        unregister_all(&regs, "a"),
+        Err(UnloadError::NotFound("a".into()))
+    );
+}
