@@ -15,7 +15,6 @@ use crate::config::{CliOverrides, ConfigError, Settings};
 use crate::engine::{
     check_sampling, effective_sampling, load_chat_template, load_plugins, Started,
 };
-use crate::model_runner::select_device;
 use crate::prefix_store::Flush;
 use crate::sampling::wasm_plugin::PluginRegistry;
 use crate::server::{serve, ConnectionLimits, State};
@@ -69,8 +68,11 @@ impl SettingsSource {
 /// Model or tokenizer refused, bad device, listen address unavailable.
 pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
     let threads = set_compute_threads(settings.model.threads);
-    let device = select_device(&settings.model.device).map_err(anyhow::Error::msg)?;
-    tracing::info!(threads, "compute threads");
+    tracing::info!(
+        threads,
+        engines = settings.engines.len().max(1),
+        "compute threads"
+    );
     let addr: SocketAddr = settings
         .server
         .listen
@@ -109,7 +111,7 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
         std::thread::Builder::new()
             .name("inferd-load".into())
             .spawn(move || {
-                let _ = loaded_tx.send(crate::engine::load(&for_loader, device));
+                let _ = loaded_tx.send(crate::engine::load_all(&for_loader));
             })
             .context("starting the loading thread")?;
         tokio::pin!(loaded_rx);
@@ -161,8 +163,10 @@ pub fn run(settings: Settings, source: SettingsSource) -> anyhow::Result<()> {
         };
         state.drain(grace, hurry).await;
         let _ = server.await;
-        running.engine_arbiter.stop();
-        if let Some(store) = running.store {
+        for arbiter in &running.engine_arbiters {
+            arbiter.stop();
+        }
+        for store in &running.stores {
             // Queued writes are handled first (the mailbox is FIFO), then sled flushes.
             if let Err(e) = store.send(Flush).await {
                 tracing::error!(error = %e, "prefix store: flush at shutdown failed");
@@ -197,6 +201,7 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
                 ("[tokenizer]", current.tokenizer != new.tokenizer),
                 ("[prefix_store]", current.prefix_store != new.prefix_store),
                 ("[speculative]", current.speculative != new.speculative),
+                ("[[engines]]", current.engines != new.engines),
                 (
                     "lora.max_loras, lora.max_rank",
                     (current.lora.max_loras, current.lora.max_rank)
@@ -237,6 +242,7 @@ async fn reload(source: &SettingsSource, current: &mut Settings, state: &State, 
             applied.scheduler = current.scheduler.clone();
             applied.tokenizer = current.tokenizer.clone();
             applied.prefix_store = current.prefix_store.clone();
+            applied.engines = current.engines.clone();
             *current = applied;
             tracing::info!(plugins = loaded, "reload: configuration applied");
         }
@@ -273,13 +279,15 @@ async fn try_reload(
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (for_loader, vocab) = (new.clone(), running.vocab.clone());
-    let adapters = running.engine.adapters.clone();
+    let registries = running.engine.adapter_registries();
     std::thread::Builder::new()
         .name("inferd-reload".into())
         .spawn(move || {
             let plugins = load_plugins(&for_loader, vocab);
             if plugins.is_ok() {
-                sync_adapters(&adapters, &for_loader.lora.adapters);
+                for adapters in &registries {
+                    sync_adapters(adapters, &for_loader.lora.adapters);
+                }
             }
             let _ = tx.send(plugins);
         })

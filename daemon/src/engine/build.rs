@@ -18,6 +18,7 @@ use crate::prefix_store::{DiskCounters, DiskStore, FingerprintParts, ModelFinger
 use crate::sampling::wasm_plugin::{PluginRegistry, PluginVocab};
 use crate::scheduler::PrefixCaching;
 use crate::tokenizer::TextTokenizer;
+use inferd_kernels::team::TeamRef;
 
 /// An extra verification row's cost when it cannot be measured (a pool too small for
 /// the probe): what the default model's rows cost on a 2-core CPU.
@@ -28,7 +29,8 @@ pub struct Loaded {
     pub(super) model_runner: ModelRunner,
     pub(super) tokenizer: Arc<TextTokenizer>,
     pub(super) vocab: Arc<PluginVocab>,
-    pub(super) plugins: PluginRegistry,
+    /// The plugins (`None` for every engine but the first).
+    pub(super) plugins: Option<PluginRegistry>,
     pub(super) disk_store: Option<DiskTier>,
     pub(super) prefix_caching: Option<PrefixCaching>,
     pub(super) context_length: usize,
@@ -41,11 +43,54 @@ pub struct Loaded {
     pub(super) adapters: Arc<AdapterRegistry>,
     /// The KV-cache event publisher and the medium of the KV pool (`[kv_events]`).
     pub(super) kv_events: Option<(KvEventSink, Medium)>,
+    /// The compute team of this engine's kernels (`[[engines]]`; `None`: the
+    /// process-wide team).
+    pub(super) team: Option<TeamRef>,
 }
 
-/// Loads the model, tokenizer, KV pool, prefix store and plugins (seconds of file
-/// reading and compute; runs on a thread of its own while the listener answers probes).
-pub fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<Loaded> {
+/// Loads every engine (`[[engines]]`, or the one `[model]` describes), one after the
+/// other, each on the team of threads it will run on; only the first compiles the
+/// plugins (the prepare stage is shared).
+///
+/// # Errors
+/// As [`load`], the engine named (`engines[N]`) when there are several.
+pub fn load_all(settings: &Settings) -> anyhow::Result<Vec<Loaded>> {
+    let all = settings.engine_settings();
+    let several = all.len() > 1;
+    let mut loaded = Vec::with_capacity(all.len());
+    for (i, s) in all.iter().enumerate() {
+        let device = crate::model_runner::select_device(&s.model.device).map_err(|e| {
+            if several {
+                anyhow::anyhow!("engines[{i}]: {e}")
+            } else {
+                anyhow::Error::msg(e)
+            }
+        })?;
+        let team = several.then(|| {
+            let team = TeamRef::new(s.model.threads);
+            team.use_on_this_thread();
+            tracing::info!(engine = i, threads = team.threads(), device = ?device, "engine");
+            team
+        });
+        let mut l = load(s, device, i == 0);
+        if several {
+            l = l.with_context(|| format!("engines[{i}]"));
+        }
+        let mut l = l?;
+        l.team = team;
+        loaded.push(l);
+    }
+    Ok(loaded)
+}
+
+/// Loads the model, tokenizer, KV pool, prefix store and, with `plugins`, the plugins
+/// (seconds of file reading and compute; runs on a thread of its own while the
+/// listener answers probes).
+pub fn load(
+    settings: &Settings,
+    device: candle_core::Device,
+    plugins: bool,
+) -> anyhow::Result<Loaded> {
     tracing::info!(path = %settings.model.path.display(), ?device, "loading model");
     crate::service::status(&format!("loading model {}", settings.model.path.display()));
     let t0 = std::time::Instant::now();
@@ -235,9 +280,13 @@ pub fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<
         disk_store = disk;
     }
     let kv_events = start_kv_events(settings, &mut disk_store, model_runner.model().device())?;
-    crate::service::status("loading plugins");
     let vocab = Arc::new(PluginVocab::from_tokenizer(&tokenizer));
-    let plugins = load_plugins(settings, vocab.clone())?;
+    let plugins = if plugins {
+        crate::service::status("loading plugins");
+        Some(load_plugins(settings, vocab.clone())?)
+    } else {
+        None
+    };
     Ok(Loaded {
         model_runner,
         tokenizer,
@@ -252,6 +301,7 @@ pub fn load(settings: &Settings, device: candle_core::Device) -> anyhow::Result<
         spec_costs,
         adapters,
         kv_events,
+        team: None,
     })
 }
 

@@ -11,6 +11,7 @@ mod build;
 mod checks;
 mod draft;
 mod start;
+mod stats;
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -22,12 +23,12 @@ use crate::api::SamplingDefaults;
 use crate::error::{ErrorKind, InferError};
 use crate::request::{CancelFlag, EventSender, GenerateRequest, SeqId};
 use crate::sampling::wasm_plugin::PluginRegistry;
-use crate::scheduler::{Cancel, EngineStats, GetStats, SchedulerActor};
+use crate::scheduler::{Cancel, EngineStats, GetStats, Placer};
 use crate::tokenizer::actor::{Decode, Encode, Prepare};
 use crate::tokenizer::TokenizerActor;
 
 pub(crate) use build::load_plugins;
-pub use build::{load, Loaded};
+pub use build::{load, load_all, Loaded};
 pub(crate) use checks::{check_sampling, effective_sampling, load_chat_template};
 pub use start::{start, Started};
 
@@ -47,8 +48,8 @@ pub struct Engine {
     /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
     /// of them never delays generate requests.
     utility_tokenizer: Addr<TokenizerActor>,
-    /// Scheduler, for cancellation and stats.
-    scheduler: Addr<SchedulerActor>,
+    /// The engines' scheduler loops, behind the placer.
+    placer: Arc<Placer>,
     /// Defaults for absent sampling fields (reloaded on SIGHUP).
     pub defaults: SamplingDefaults,
     /// Vocabulary size, for validating token ids.
@@ -62,7 +63,8 @@ pub struct Engine {
     pub model_id: String,
     /// When the model was loaded, Unix seconds (`/v1/models` `created`).
     pub created: u64,
-    /// The LoRA adapters served over the base model.
+    /// The LoRA adapters served over the base model: the first engine's registry
+    /// (every engine holds the same names; [`Engine::adapter_registries`] are all).
     pub adapters: std::sync::Arc<crate::adapters::AdapterRegistry>,
 }
 
@@ -92,23 +94,54 @@ impl Engine {
     /// Makes the engine act on a cancelled request now rather than at its next step
     /// (the request's [`CancelFlag`] is set by the caller).
     pub fn cancel(&self, seq: SeqId) {
-        self.scheduler.do_send(Cancel(seq));
+        self.canceller().cancel(seq);
     }
 
     /// A handle that can only cancel, for what outlives a request's connection.
     pub fn canceller(&self) -> Canceller {
-        Canceller(self.scheduler.clone())
+        Canceller(self.placer.clone())
     }
 
-    /// The engine's counters (running, waiting, KV blocks, speculation).
+    /// The counters of all engines together (running, waiting, KV blocks,
+    /// speculation), with each engine's share in `engines`.
     ///
     /// # Errors
-    /// `internal` when the engine loop is gone.
+    /// `internal` when an engine loop is gone.
     pub async fn stats(&self) -> Result<EngineStats, InferError> {
-        self.scheduler
-            .send(GetStats)
-            .await
-            .map_err(|e| InferError::internal(format!("engine unavailable: {e}")))
+        let each = self.stats_each().await?;
+        let placed: Vec<u64> = self
+            .placer
+            .replicas()
+            .iter()
+            .map(|r| r.load.placed())
+            .collect();
+        Ok(stats::merged(&each, &placed))
+    }
+
+    /// Each engine's own counters, in `[[engines]]` order.
+    ///
+    /// # Errors
+    /// `internal` when an engine loop is gone.
+    pub async fn stats_each(&self) -> Result<Vec<EngineStats>, InferError> {
+        let mut each = Vec::with_capacity(self.placer.replicas().len());
+        for r in self.placer.replicas() {
+            each.push(
+                r.scheduler
+                    .send(GetStats)
+                    .await
+                    .map_err(|e| InferError::internal(format!("engine unavailable: {e}")))?,
+            );
+        }
+        Ok(each)
+    }
+
+    /// The adapter registry of every engine (loads and unloads go to all).
+    pub fn adapter_registries(&self) -> Vec<Arc<crate::adapters::AdapterRegistry>> {
+        self.placer
+            .replicas()
+            .iter()
+            .map(|r| r.adapters.clone())
+            .collect()
     }
 
     /// Token ids of `text` (`special`: special-token text maps to control ids), on the
@@ -183,14 +216,17 @@ fn tokenizer_unavailable(e: actix::MailboxError) -> InferError {
     InferError::internal(format!("tokenizer unavailable: {e}"))
 }
 
-/// Cancels requests of one engine; held by the request tracker so that a request
-/// whose connection is gone still reaches its engine.
+/// Cancels requests; held by the request tracker so that a request whose connection
+/// is gone still reaches its engine (every engine is told: a loop that does not hold
+/// the request ignores it).
 #[derive(Clone)]
-pub struct Canceller(Addr<SchedulerActor>);
+pub struct Canceller(Arc<Placer>);
 
 impl Canceller {
     /// As [`Engine::cancel`].
     pub fn cancel(&self, seq: SeqId) {
-        self.0.do_send(Cancel(seq));
+        for r in self.0.replicas() {
+            r.scheduler.do_send(Cancel(seq));
+        }
     }
 }

@@ -1,11 +1,13 @@
-//! Starting one engine's actors (inside the actix system) on what
-//! [`super::build::load`] built: the prefix store's writer and reader, the model
-//! runner, the scheduler loop on an arbiter of its own, the plugin setup pool and the
-//! tokenizer pools; the result is the [`Engine`] handle the server holds.
+//! Starting the engines' actors (inside the actix system) on what
+//! [`super::build::load_all`] built. Each engine gets its own prefix-store writer and
+//! reader, model runner (on its own compute team when there are several) and
+//! scheduler loop on an arbiter of its own; one prepare stage (tokenizer pools and the
+//! plugin setup pool) serves them all and hands each prepared request to the
+//! [`Placer`]. The result is the [`Engine`] handle the server holds.
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use actix::{Actor, Arbiter, SyncArbiter};
+use actix::{Actor, Addr, Arbiter, SyncArbiter};
 
 use super::build::Loaded;
 use super::checks::effective_sampling;
@@ -15,36 +17,131 @@ use crate::model_runner::ModelRunnerActor;
 use crate::prefix_store::{PersistSink, PrefixReadActor, PrefixStoreActor};
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
 use crate::sampling::wasm_plugin::PluginVocab;
-use crate::scheduler::{BlockManager, Scheduler, SchedulerActor, SchedulerLimits, Speculation};
+use crate::scheduler::{
+    BlockManager, EngineLoad, Placer, Replica, Scheduler, SchedulerActor, SchedulerLimits,
+    Speculation,
+};
 use crate::tokenizer::{TextTokenizer, TokenizerActor};
 
-/// A started engine: its handle, and what shutdown and reload need besides.
+/// Started engines: the handle, and what shutdown and reload need besides.
 pub struct Started {
     pub(crate) engine: Engine,
-    pub(crate) engine_arbiter: Arbiter,
-    pub(crate) store: Option<actix::Addr<PrefixStoreActor>>,
+    /// One per engine: its scheduler loop's arbiter.
+    pub(crate) engine_arbiters: Vec<Arbiter>,
+    /// One per engine with a disk tier: its writer.
+    pub(crate) stores: Vec<Addr<PrefixStoreActor>>,
     pub(crate) vocab: Arc<PluginVocab>,
     /// The tokenizer, for chat-template overrides and generation defaults on reload.
     pub(crate) tokenizer: Arc<TextTokenizer>,
 }
 
-/// Starts the actors (inside the actix system) on what [`super::load`] built.
-pub fn start(loaded: Loaded, settings: &Settings) -> Started {
+/// One engine's started loop, before the shared prepare stage.
+struct Core {
+    replica: Replica,
+    arbiter: Arbiter,
+    store: Option<Addr<PrefixStoreActor>>,
+}
+
+/// Starts the actors (inside the actix system) on what [`super::load_all`] built (at
+/// least one engine; the first one's tokenizer and plugins serve the prepare stage).
+///
+/// # Panics
+/// If `engines` is empty (a caller bug: `load_all` gives at least one).
+pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
+    let several = engines.len() > 1;
+    let mut engines = engines.into_iter();
+    let mut first = engines.next().expect("at least one engine");
+    let tokenizer = first.tokenizer.clone();
+    let vocab = first.vocab.clone();
+    let model_id = first.model_id.clone();
+    let adapters = first.adapters.clone();
+    let plugins = first
+        .plugins
+        .take()
+        .expect("the first engine loads the plugins (load_all)");
+    let cores: Vec<Core> = std::iter::once(first)
+        .chain(engines)
+        .map(|l| start_core(l, settings, &tokenizer, several))
+        .collect();
+    let mut replicas = Vec::with_capacity(cores.len());
+    let (mut engine_arbiters, mut stores) = (Vec::new(), Vec::new());
+    for c in cores {
+        replicas.push(c.replica);
+        engine_arbiters.push(c.arbiter);
+        stores.extend(c.store);
+    }
+    let placer = Arc::new(Placer::new(replicas, settings.scheduler.max_running));
+    let plugins: SharedPlugins = Arc::new(RwLock::new(Arc::new(plugins)));
+    let (tok, placer_for_tok, placer_for_util) =
+        (tokenizer.clone(), placer.clone(), placer.clone());
+    let (plugins_for_setup, placer_for_setup) = (plugins.clone(), placer.clone());
+    let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
+        PluginSetupActor::new(plugins_for_setup.clone(), placer_for_setup.clone())
+    });
+    let setup_for_tok = plugin_setup.clone();
+    let grammars = Arc::new(crate::sampling::constraint::LazyCompiler::default());
+    let grammars_for_util = grammars.clone();
+    let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
+        TokenizerActor::new(
+            tok.clone(),
+            placer_for_tok.clone(),
+            setup_for_tok.clone(),
+            grammars.clone(),
+        )
+    });
+    let tok_util = tokenizer.clone();
+    let utility_tokenizer = SyncArbiter::start(1, move || {
+        TokenizerActor::new(
+            tok_util.clone(),
+            placer_for_util.clone(),
+            plugin_setup.clone(),
+            grammars_for_util.clone(),
+        )
+    });
+    let created = crate::server::unix_now();
+    Started {
+        engine: Engine {
+            tokenizer: tokenizer_addr,
+            utility_tokenizer,
+            placer,
+            defaults: effective_sampling(settings, &tokenizer),
+            vocab_size: tokenizer.vocab_size(),
+            max_message_bytes: settings.server.max_message_bytes,
+            plugins,
+            model_id,
+            created,
+            adapters,
+        },
+        engine_arbiters,
+        stores,
+        vocab,
+        tokenizer,
+    }
+}
+
+/// Starts one engine's prefix store, model runner and scheduler loop, which reports to
+/// the placer ([`EngineLoad`]; the memory tier's blocks only with `several`, where
+/// placement reads them).
+fn start_core(
+    loaded: Loaded,
+    settings: &Settings,
+    tokenizer: &Arc<TextTokenizer>,
+    several: bool,
+) -> Core {
     let Loaded {
         mut model_runner,
-        tokenizer,
-        vocab,
-        plugins,
         disk_store,
         prefix_caching,
         context_length,
         num_blocks,
         block_size,
-        model_id,
         spec_costs,
         adapters,
         kv_events,
+        team,
+        ..
     } = loaded;
+    let on_cpu = model_runner.model().device().is_cpu();
     let runner_persist = disk_store.as_ref().map(|(_, c)| c.clone());
     let store_reader = disk_store.as_ref().map(|(store, _)| store.reader());
     let store_addr = disk_store.map(|(store, counters)| {
@@ -67,6 +164,9 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
     }
     let runner = Arc::new(Mutex::new(Some(model_runner)));
     let runner_addr = SyncArbiter::start(1, move || {
+        if let Some(team) = &team {
+            team.use_on_this_thread();
+        }
         let taken = runner.lock().ok().and_then(|mut g| g.take());
         // SyncArbiter calls the factory once per thread and we start exactly one.
         ModelRunnerActor::new(taken.expect("model runner factory called more than once"))
@@ -79,8 +179,7 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
         attention_cost_tokens: settings.scheduler.attention_cost_tokens,
     };
     let speculation = Speculation::from_config(&settings.speculative, spec_costs);
-    let engine_arbiter = Arbiter::new();
-    let tok_for_sched = tokenizer.clone();
+    let arbiter = Arbiter::new();
     let store_for_sched = match (store_reader, &store_addr) {
         (Some(reader), Some(writer)) => {
             let writer = writer.clone();
@@ -90,8 +189,18 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
         }
         _ => None,
     };
-    let adapters_for_sched = adapters.clone();
-    let scheduler = SchedulerActor::start_in_arbiter(&engine_arbiter.handle(), move |_| {
+    let load = Arc::new(EngineLoad::default());
+    let medium = kv_events.as_ref().map(|(_, m)| *m).or_else(|| {
+        several.then_some(if on_cpu {
+            crate::kv_events::Medium::Cpu
+        } else {
+            crate::kv_events::Medium::Gpu
+        })
+    });
+    let prefix = prefix_caching.as_ref().map(|p| (p.fingerprint, block_size));
+    let (tok_for_sched, adapters_for_sched, load_for_sched) =
+        (tokenizer.clone(), adapters.clone(), load.clone());
+    let scheduler = SchedulerActor::start_in_arbiter(&arbiter.handle(), move |_| {
         let mut policy = Scheduler::new(limits, BlockManager::new(num_blocks, block_size))
             .with_adapters(adapters_for_sched);
         if let Some(p) = prefix_caching {
@@ -100,63 +209,27 @@ pub fn start(loaded: Loaded, settings: &Settings) -> Started {
         if let Some(spec) = speculation {
             policy = policy.with_speculation(spec);
         }
-        if let Some((_, medium)) = &kv_events {
-            policy = policy.with_kv_events(*medium);
+        if let Some(medium) = medium {
+            policy = policy.with_kv_events(medium);
         }
         let mut actor = SchedulerActor::new(policy, runner_addr, tok_for_sched);
         if let Some((sink, _)) = kv_events {
             actor = actor.with_kv_events(sink);
         }
+        actor = actor.with_load(load_for_sched);
         match store_for_sched {
             Some(store) => actor.with_store(store),
             None => actor,
         }
     });
-    let plugins: SharedPlugins = Arc::new(RwLock::new(Arc::new(plugins)));
-    let tok = tokenizer.clone();
-    let sched_for_tok = scheduler.clone();
-    let sched_for_util = scheduler.clone();
-    let (plugins_for_setup, sched_for_setup) = (plugins.clone(), scheduler.clone());
-    let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
-        PluginSetupActor::new(plugins_for_setup.clone(), sched_for_setup.clone())
-    });
-    let setup_for_tok = plugin_setup.clone();
-    let grammars = Arc::new(crate::sampling::constraint::LazyCompiler::default());
-    let grammars_for_util = grammars.clone();
-    let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-        TokenizerActor::new(
-            tok.clone(),
-            sched_for_tok.clone(),
-            setup_for_tok.clone(),
-            grammars.clone(),
-        )
-    });
-    let tok_util = tokenizer.clone();
-    let utility_tokenizer = SyncArbiter::start(1, move || {
-        TokenizerActor::new(
-            tok_util.clone(),
-            sched_for_util.clone(),
-            plugin_setup.clone(),
-            grammars_for_util.clone(),
-        )
-    });
-    let created = crate::server::unix_now();
-    Started {
-        engine: Engine {
-            tokenizer: tokenizer_addr,
-            utility_tokenizer,
+    Core {
+        replica: Replica {
             scheduler,
-            defaults: effective_sampling(settings, &tokenizer),
-            vocab_size: tokenizer.vocab_size(),
-            max_message_bytes: settings.server.max_message_bytes,
-            plugins,
-            model_id,
-            created,
+            load,
             adapters,
+            prefix,
         },
-        engine_arbiter,
+        arbiter,
         store: store_addr,
-        vocab,
-        tokenizer: tokenizer.clone(),
     }
 }

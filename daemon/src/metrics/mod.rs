@@ -10,15 +10,19 @@
 //! mirror vLLM's where one exists (`vllm:time_to_first_token_seconds` →
 //! `inferd_time_to_first_token_seconds`, ...).
 
-use std::sync::LazyLock;
+mod engines;
+
+use std::sync::{Arc, LazyLock};
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
 
+use crate::adapters::AdapterRegistry;
 use crate::error::ErrorKind;
 use crate::scheduler::EngineStats;
+use engines::EngineFamilies;
 
 /// Histogram buckets for time to first token and end-to-end latency, seconds.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -77,6 +81,7 @@ pub struct Metrics {
     allocator_resident: IntGaugeVec,
     lora_requests: IntCounterVec,
     lora_info: GaugeVec,
+    engines: EngineFamilies,
 }
 
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -345,19 +350,20 @@ impl Metrics {
                     &["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
                 )?,
             ),
+            engines: EngineFamilies::define(&r)?,
             registry: r,
         })
     }
 
     /// The text exposition of every metric, after copying the engine-wide figures
     /// from `stats` (`None` while the model loads: they stay at zero).
-    pub fn render(
-        &self,
-        stats: Option<&EngineStats>,
-        adapters: Option<&crate::adapters::AdapterRegistry>,
-    ) -> String {
-        if let (Some(st), Some(reg)) = (stats, adapters) {
-            for (name, total) in reg.requests_by_name() {
+    pub fn render(&self, stats: Option<&EngineStats>, adapters: &[Arc<AdapterRegistry>]) -> String {
+        if let (Some(st), Some(reg)) = (stats, adapters.first()) {
+            let mut by_name = std::collections::BTreeMap::<String, u64>::new();
+            for (name, total) in adapters.iter().flat_map(|r| r.requests_by_name()) {
+                *by_name.entry(name).or_default() += total;
+            }
+            for (name, total) in by_name {
                 let c = self.lora_requests.with_label_values(&[name.as_str()]);
                 c.inc_by(total.saturating_sub(c.get()));
             }
@@ -415,6 +421,7 @@ impl Metrics {
             self.spec_acceptance_rate.set(sp.acceptance_rate);
             self.spec_tokens_per_verification
                 .set(sp.tokens_per_verification);
+            self.engines.follow(&st.engines);
         }
         if let Some(a) = crate::allocator::stats() {
             let set = |g: &IntGaugeVec, v: u64| {
@@ -463,7 +470,24 @@ mod tests {
         st.speculative.add(4, 3);
         st.speculative.add(2, 0);
         st.speculative = st.speculative.with_ratios();
-        let text = m.render(Some(&st), None);
+        st.engines = vec![
+            crate::scheduler::EngineShare {
+                running: 1,
+                kv_blocks_used: 3,
+                kv_blocks_total: 364,
+                placed: 9,
+                ..Default::default()
+            },
+            crate::scheduler::EngineShare {
+                running: 2,
+                waiting: 2,
+                kv_blocks_used: 4,
+                kv_blocks_total: 364,
+                placed: 11,
+                prefix_hit_tokens: 64,
+            },
+        ];
+        let text = m.render(Some(&st), &[]);
         for line in [
             "inferd_requests_total{finish_reason=\"stop\"} 1",
             "inferd_time_to_first_token_seconds_bucket{le=\"0.25\"} 1",
@@ -484,6 +508,13 @@ mod tests {
             "inferd_spec_decode_num_accepted_tokens_total 3",
             "inferd_spec_decode_acceptance_rate 0.5",
             "inferd_spec_decode_tokens_per_verification 2.5",
+            "inferd_engine_requests_running{engine=\"0\"} 1",
+            "inferd_engine_requests_running{engine=\"1\"} 2",
+            "inferd_engine_requests_waiting{engine=\"1\"} 2",
+            "inferd_engine_kv_blocks_total{engine=\"0\"} 364",
+            "inferd_engine_kv_cache_usage{engine=\"1\"} 0.01098901098901099",
+            "inferd_engine_requests_placed_total{engine=\"1\"} 11",
+            "inferd_engine_prefix_cache_hit_tokens_total{engine=\"1\"} 64",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
@@ -502,7 +533,7 @@ mod tests {
             }
         }
         st.prefix_cache.memory_hit_tokens = 80;
-        let text = m.render(Some(&st), None);
+        let text = m.render(Some(&st), &[]);
         assert!(text
             .lines()
             .any(|l| l == "inferd_prefix_cache_hit_tokens_total{tier=\"memory\"} 80"));

@@ -62,6 +62,8 @@ pub struct SchedulerActor {
     store: Option<Addr<PrefixReadActor>>,
     /// Where the memory tier's KV-cache events go (`[kv_events]`).
     kv_events: Option<crate::kv_events::KvEventSink>,
+    /// What the placer of several engines reads (`[[engines]]`).
+    load: Option<std::sync::Arc<super::EngineLoad>>,
     /// Bytes the disk lookups in flight may return (blocks asked × block bytes).
     lookup_bytes_in_flight: usize,
     step_in_flight: bool,
@@ -84,6 +86,7 @@ impl SchedulerActor {
             tokenizer,
             store: None,
             kv_events: None,
+            load: None,
             lookup_bytes_in_flight: 0,
             step_in_flight: false,
             step_since: None,
@@ -104,10 +107,26 @@ impl SchedulerActor {
         self
     }
 
-    /// Hands the events the policy recorded since the last call to the publisher.
+    /// Reports to the placer of several engines (its scheduler must record KV-cache
+    /// events: [`Scheduler::with_kv_events`]).
+    pub fn with_load(mut self, load: std::sync::Arc<super::EngineLoad>) -> Self {
+        self.load = Some(load);
+        self
+    }
+
+    /// Hands the events the policy recorded since the last call to the publisher and
+    /// the placer, and tells the placer the sequences held.
     fn publish_kv_events(&mut self) {
+        if self.kv_events.is_none() && self.load.is_none() {
+            return;
+        }
+        let events = self.scheduler.take_kv_events();
+        if let Some(load) = &self.load {
+            load.apply(&events);
+            load.set_active(self.scheduler.running_len() + self.scheduler.waiting_len());
+        }
         if let Some(sink) = &self.kv_events {
-            sink.publish(&self.scheduler.take_kv_events());
+            sink.publish(&events);
         }
     }
 
@@ -191,6 +210,9 @@ impl SchedulerActor {
             tracing::warn!(id = %req.client_id, error = %error.message, "request rejected");
             let _ = req.events.send(StreamEvent::Error(error));
             return;
+        }
+        if let Some(load) = &self.load {
+            load.set_active(self.scheduler.running_len() + self.scheduler.waiting_len());
         }
         self.step(ctx);
     }
@@ -353,6 +375,9 @@ impl Handler<Submit> for SchedulerActor {
 
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
         let req = msg.0;
+        if let Some(load) = &self.load {
+            load.taken();
+        }
         if req.cancel.is_cancelled() {
             self.post().end_cancelled(Sequence::new(req, 0));
             return;

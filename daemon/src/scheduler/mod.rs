@@ -17,6 +17,8 @@
 pub mod actor;
 pub mod block_manager;
 pub mod echo;
+pub mod load;
+pub mod placement;
 pub mod policy;
 pub mod post_step;
 pub mod sequence;
@@ -25,8 +27,10 @@ pub mod speculative;
 pub use actor::{Cancel, GetStats, SchedulerActor, Submit};
 pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
 pub use echo::PromptEcho;
+pub use load::EngineLoad;
+pub use placement::{Placer, Replica};
 pub use policy::{
-    EngineStats, KvEventStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler,
+    EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler,
     SchedulerLimits,
 };
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};

@@ -150,6 +150,26 @@ pub struct EngineStats {
     pub lora: LoraStats,
     /// KV-cache event publishing (`[kv_events]`; zero when off).
     pub kv_events: KvEventStats,
+    /// Each engine's share (`[[engines]]`; one entry for one engine), filled in by
+    /// the engine handle; empty from a single scheduler loop.
+    pub engines: Vec<EngineShare>,
+}
+
+/// One engine's share of the daemon's state (`stats.engines[i]`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct EngineShare {
+    /// Sequences running on it.
+    pub running: usize,
+    /// Sequences waiting on it.
+    pub waiting: usize,
+    /// Its KV blocks owned by sequences.
+    pub kv_blocks_used: usize,
+    /// Its KV pool's blocks.
+    pub kv_blocks_total: usize,
+    /// Requests placed on it since start.
+    pub placed: u64,
+    /// Prompt tokens it served from its prefix cache (memory and disk) since start.
+    pub prefix_hit_tokens: u64,
 }
 
 /// KV-cache event messages since start (filled in by the scheduler loop, which holds
@@ -379,6 +399,7 @@ impl Scheduler {
                 waiting: adapter_names(self.waiting.iter()),
             },
             kv_events: KvEventStats::default(),
+            engines: Vec::new(),
         }
     }
 

@@ -196,8 +196,11 @@ async fn metrics_page(state: &State) -> Response<Body> {
         Some(engine) => engine.stats().await.ok(),
         None => None,
     };
-    let adapters = engine.as_ref().map(|e| &*e.adapters);
-    let mut r = Response::new(full(metrics().render(stats.as_ref(), adapters)));
+    let adapters = engine
+        .as_ref()
+        .map(Engine::adapter_registries)
+        .unwrap_or_default();
+    let mut r = Response::new(full(metrics().render(stats.as_ref(), &adapters)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -95,10 +95,12 @@ pub async fn load(req: Request<Incoming>, engine: &Engine) -> Response<Body> {
     if let Err(m) = engine.adapters.check_new_name(&name) {
         return bad(&m);
     }
-    let registry = engine.adapters.clone();
+    let registries = engine.adapter_registries();
     let (n, p) = (name.clone(), path.clone());
-    let loaded =
-        tokio::task::spawn_blocking(move || registry.register(&n, std::path::Path::new(&p))).await;
+    let loaded = tokio::task::spawn_blocking(move || {
+        crate::adapters::several::register_all(&registries, &n, std::path::Path::new(&p))
+    })
+    .await;
     match loaded {
         Ok(Ok(info)) => {
             tracing::info!(adapter = %name, path = %path, rank = info.rank, "LoRA adapter loaded (API)");
@@ -140,7 +142,7 @@ pub async fn unload(req: Request<Incoming>, engine: &Engine) -> Response<Body> {
     let Some(name) = f[0].clone() else {
         return bad("lora_name is required");
     };
-    match engine.adapters.unregister(&name) {
+    match crate::adapters::several::unregister_all(&engine.adapter_registries(), &name) {
         Ok(()) => {
             tracing::info!(adapter = %name, "LoRA adapter unloaded (API)");
             ok_text(format!(

@@ -19,7 +19,7 @@ use crate::sampling::reasoning_gate::ReasoningGate;
 use crate::sampling::tool_grammar::tool_call_grammar;
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
 use crate::sampling::SamplerChain;
-use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
+use crate::scheduler::{Placer, TokenizedRequest};
 
 use super::TextTokenizer;
 
@@ -63,7 +63,7 @@ pub struct Decode {
 /// The tokenizer stage. Start with `SyncArbiter::start(n, ..)`.
 pub struct TokenizerActor {
     tokenizer: Arc<TextTokenizer>,
-    scheduler: Addr<SchedulerActor>,
+    scheduler: Arc<Placer>,
     plugin_setup: Addr<PluginSetupActor>,
     grammars: Arc<LazyCompiler>,
 }
@@ -73,7 +73,7 @@ impl TokenizerActor {
     /// request names plugins.
     pub fn new(
         tokenizer: Arc<TextTokenizer>,
-        scheduler: Addr<SchedulerActor>,
+        scheduler: Arc<Placer>,
         plugin_setup: Addr<PluginSetupActor>,
         grammars: Arc<LazyCompiler>,
     ) -> Self {
@@ -243,7 +243,7 @@ impl Handler<Prepare> for TokenizerActor {
                     adapter: msg.adapter,
                 };
                 if msg.request.plugins.is_empty() {
-                    self.scheduler.do_send(Submit(req));
+                    self.scheduler.submit(req);
                 } else {
                     // Plugin instances are created and configured on their own pool, so
                     // a slow configure never holds up tokenizing; a bad config is a

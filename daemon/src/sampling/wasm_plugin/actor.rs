@@ -5,11 +5,11 @@
 
 use std::sync::{Arc, RwLock};
 
-use actix::{Actor, Addr, Handler, Message, SyncContext};
+use actix::{Actor, Handler, Message, SyncContext};
 
 use super::PluginRegistry;
 use crate::request::{PluginSpec, StreamEvent};
-use crate::scheduler::{SchedulerActor, Submit, TokenizedRequest};
+use crate::scheduler::{Placer, TokenizedRequest};
 
 /// Threads of the plugin set-up pool.
 pub const SETUP_THREADS: usize = 2;
@@ -29,13 +29,13 @@ pub struct SetupPlugins {
 /// The plugin set-up stage. Start with `SyncArbiter::start(SETUP_THREADS, ..)`.
 pub struct PluginSetupActor {
     plugins: Arc<RwLock<Arc<PluginRegistry>>>,
-    scheduler: Addr<SchedulerActor>,
+    scheduler: Arc<Placer>,
 }
 
 impl PluginSetupActor {
     /// A worker instantiating from the current registry in `plugins` (replaced as a
     /// whole when SIGHUP reloads `plugins.dir`) and submitting to `scheduler`.
-    pub fn new(plugins: Arc<RwLock<Arc<PluginRegistry>>>, scheduler: Addr<SchedulerActor>) -> Self {
+    pub fn new(plugins: Arc<RwLock<Arc<PluginRegistry>>>, scheduler: Arc<Placer>) -> Self {
         Self { plugins, scheduler }
     }
 }
@@ -82,6 +82,6 @@ impl Handler<SetupPlugins> for PluginSetupActor {
             }
         }
         // A request cancelled while it waited here is ended by the scheduler.
-        self.scheduler.do_send(Submit(req));
+        self.scheduler.submit(req);
     }
 }
