@@ -48,6 +48,36 @@ pub fn watchdog_ping() {
     send(&[NotifyState::Watchdog]);
 }
 
+/// When each engine loop last made progress (`[[engines]]`: one slot per loop).
+static ENGINES_ALIVE: std::sync::Mutex<Vec<std::time::Instant>> = std::sync::Mutex::new(Vec::new());
+
+/// A slot for one more engine loop in the watchdog's view; it counts as alive now.
+pub fn watchdog_register() -> usize {
+    let mut alive = ENGINES_ALIVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    alive.push(std::time::Instant::now());
+    alive.len() - 1
+}
+
+/// Engine loop `slot` is making progress: pings the watchdog when every engine loop
+/// has said so within `within` (a hung engine among several stops the pings, as a hung
+/// single engine does).
+pub fn watchdog_alive(slot: usize, within: Duration) {
+    let all = {
+        let mut alive = ENGINES_ALIVE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = alive.get_mut(slot) {
+            *t = std::time::Instant::now();
+        }
+        alive.iter().all(|t| t.elapsed() < within)
+    };
+    if all {
+        watchdog_ping();
+    }
+}
+
 /// How often to send [`watchdog_ping`]: half the watchdog timeout systemd set for
 /// this process, or `None` when the watchdog is off. As sd_watchdog_enabled(3):
 /// `WATCHDOG_USEC` gives the timeout in microseconds; `WATCHDOG_PID`, when set, must

@@ -350,20 +350,22 @@ impl Actor for SchedulerActor {
     /// Under a systemd watchdog, pings it every half timeout from this loop while the
     /// engine makes progress: no step is running, or the running one began less than
     /// a whole timeout ago. A hung model runner (or a hung loop) stops the pings, and
-    /// systemd restarts the service.
+    /// systemd restarts the service. With several engines, a ping needs every loop's
+    /// progress within the timeout ([`crate::service::watchdog_alive`]).
     fn started(&mut self, ctx: &mut Context<Self>) {
         if let Some(every) = crate::service::watchdog_interval() {
             tracing::info!(
                 interval_ms = every.as_millis() as u64,
                 "systemd watchdog: pinging from the engine loop"
             );
+            let slot = crate::service::watchdog_register();
             ctx.run_interval(every, move |act, _| {
                 match act.step_since.map(|t| t.elapsed()) {
                     Some(running) if running >= 2 * every => tracing::error!(
                         step_running_s = running.as_secs_f64(),
                         "engine step is not finishing: watchdog pings withheld"
                     ),
-                    _ => crate::service::watchdog_ping(),
+                    _ => crate::service::watchdog_alive(slot, 2 * every),
                 }
             });
         }
