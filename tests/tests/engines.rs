@@ -169,6 +169,60 @@ async fn two_engines_place_by_prefix_and_load_with_one_engines_tokens() {
     }
 }
 
+/// Runs 32 two-turn conversations over 8 shared system prompts (token-id prompts of 84
+/// and 108 tokens, the workload of `tests/dynamo-router`), one request at a time;
+/// returns (prompt tokens, cached tokens).
+async fn conversations(d: &Daemon) -> (u64, u64) {
+    let mut c = d.connect().await.expect("connect");
+    let (mut prompt, mut cached_total) = (0, 0);
+    for conv in 0..32u32 {
+        let system: Vec<u32> = (0..64).map(|i| 1000 + 97 * (conv % 8) + i).collect();
+        let user =
+            |turn: u32| -> Vec<u32> { (0..20).map(|i| 5000 + 40 * conv + 20 * turn + i).collect() };
+        let mut ids = [system, user(0)].concat();
+        for turn in 0..2 {
+            let g = c
+                .generate(json!({"type": "generate", "id": format!("c{conv}t{turn}"),
+                                 "prompt": ids, "max_tokens": 4, "min_tokens": 4,
+                                 "temperature": 0}))
+                .await
+                .expect("gen");
+            assert!(g.error.is_none(), "{:?}", g.error);
+            prompt += ids.len() as u64;
+            cached_total += cached(&g);
+            ids.extend(&g.token_ids);
+            ids.extend(user(1));
+        }
+    }
+    (prompt, cached_total)
+}
+
+/// Placement by prefix inside one process keeps every cached token one engine would
+/// have (the figure docs/performance.md reports).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_placement_keeps_one_engines_cache_hits() {
+    let single = Daemon::start().expect("daemon");
+    let one = conversations(&single).await;
+    drop(single);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start_config(&config(dir.path(), ""), &[], &[]).expect("two engines");
+    let two = conversations(&d).await;
+    let mut c = d.connect().await.expect("connect");
+    let shares = placed(&mut c).await;
+    println!(
+        "engines placement: one engine {one:?}, two engines {two:?} (placed {shares:?}), \
+         share {:.3}",
+        two.1 as f64 / one.1 as f64
+    );
+    assert_eq!(one.0, two.0);
+    assert_eq!(one, (6144, 4096), "the workload's cacheable tokens");
+    assert_eq!(two.1, one.1, "placement by prefix loses no cache hit");
+    assert!(
+        shares.iter().all(|&p| p >= 16),
+        "both engines serve: {shares:?}"
+    );
+}
+
 /// The tiny llama with its PEFT adapter: loaded once at start, it serves on both
 /// engines (two requests at once, one per engine) with transformers+peft's greedy
 /// tokens, and an unload reaches both.
