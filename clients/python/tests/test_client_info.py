@@ -45,6 +45,12 @@ def test_stats_are_typed_and_cover_every_field(daemon: Daemon, check: FrameCheck
     assert set(frame) - {"type", "id"} == {f.name for f in dataclasses.fields(inferd.Stats)}
     for field in ("prefix_cache", "speculative", "lora", "kv_events"):
         assert set(frame[field]) == {f.name for f in dataclasses.fields(getattr(st, field))}
+    # One engine: its share is the whole.
+    assert st.engines is not None and len(st.engines) == 1
+    (e,) = st.engines
+    assert isinstance(e, inferd.EngineShare)
+    assert (e.running, e.kv_blocks_total) == (0, st.kv_blocks_total)
+    assert set(frame["engines"][0]) == {f.name for f in dataclasses.fields(inferd.EngineShare)}
 
 
 def test_plugins_are_typed(daemon: Daemon, check: FrameChecker) -> None:

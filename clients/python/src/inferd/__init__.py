@@ -24,7 +24,7 @@ from .errors import (
     ValidationError,
 )
 from .events import Delta, Done, Echo, Event, Started, Timings, TokenLogprob, ToolCallDelta, TopLogprob, Usage
-from .info import KvEventStats, LoraStats, Model, PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
+from .info import EngineShare, KvEventStats, LoraStats, Model, PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
 from .stream import Stream
 from .sync import SyncClient, SyncStream, connect_sync
 
@@ -44,6 +44,7 @@ __all__ = [
     "FrameHook",
     "InferdError",
     "InternalError",
+    "EngineShare",
     "KvEventStats",
     "LoraStats",
     "Model",

@@ -66,6 +66,20 @@ class KvEventStats:
 
 
 @dataclass(frozen=True)
+class EngineShare:
+    """One engine's share of the daemon's state (``[[engines]]``)."""
+
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    placed: int
+    """Requests placed on the engine since start."""
+    prefix_hit_tokens: int
+    """Prompt tokens it served from its prefix cache since start."""
+
+
+@dataclass(frozen=True)
 class Stats:
     """The engine's state when it handled the ``stats`` request."""
 
@@ -86,12 +100,15 @@ class Stats:
     """The adapters in use (``None`` from a daemon without LoRA support)."""
     kv_events: KvEventStats | None = None
     """KV-cache event counters (``None`` from a daemon without them)."""
+    engines: list[EngineShare] | None = None
+    """Each engine's share, in order (``None`` from a daemon without them)."""
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Stats:
         """Parses a ``stats`` frame."""
         lora = frame.get("lora")
         kv_events = frame.get("kv_events")
+        engines = frame.get("engines")
         return known_fields(
             cls,
             frame,
@@ -99,6 +116,7 @@ class Stats:
             speculative=known_fields(SpeculativeStats, frame["speculative"]),
             lora=known_fields(LoraStats, lora) if isinstance(lora, dict) else None,
             kv_events=known_fields(KvEventStats, kv_events) if isinstance(kv_events, dict) else None,
+            engines=[known_fields(EngineShare, e) for e in engines] if isinstance(engines, list) else None,
         )
 
 
