@@ -1,11 +1,15 @@
-//! The engine: one model with its runner, KV pool, scheduler, tokenizer pools and
-//! plugins, behind the cheap-clone [`Engine`] handle that `server/` holds (it never
-//! sees an actor address). [`load`] builds the parts on a loading thread, [`start`]
-//! starts the actors inside the actix system and returns the handle.
+//! The engines: one model served by one engine, or by several (`[[engines]]`: each its
+//! own device, compute team, runner, KV pool, scheduler loop and prefix-store
+//! directory), behind the cheap-clone [`Engine`] handle that `server/` holds (it never
+//! sees an actor address). One prepare stage (tokenizer pools, plugins) serves every
+//! engine and hands each request to the placer ([`crate::scheduler::Placer`]).
+//! [`load_all`] builds the parts on a loading thread, [`start`] starts the actors
+//! inside the actix system and returns the handle.
 //!
 //! - [`checks`]: the settings checked against the machine and the model.
 //! - [`build`]: loading (model, tokenizer, draft, KV pool, adapters, prefix store, plugins).
 //! - [`start`](mod@start): the actors and the handle.
+//! - [`stats`]: the engines' counters added up.
 
 mod build;
 mod checks;
