@@ -91,6 +91,37 @@ impl Settings {
                 ));
             }
         }
+        self.check_engine_ports()
+    }
+
+    /// With `[kv_events]` on, engine N binds the configured ports plus N: no two of
+    /// the engines' sockets may share a port (port 0 picks free ones).
+    fn check_engine_ports(&self) -> Result<(), ConfigError> {
+        if !self.kv_events.enabled || self.engines.len() < 2 {
+            return Ok(());
+        }
+        let mut seen = std::collections::HashMap::new();
+        for (i, s) in self.engine_settings().iter().enumerate() {
+            for (key, endpoint) in [
+                ("endpoint", &s.kv_events.endpoint),
+                ("replay_endpoint", &s.kv_events.replay_endpoint),
+            ] {
+                if endpoint.is_empty() || endpoint.ends_with(":0") {
+                    continue;
+                }
+                let port = endpoint.rsplit_once(':').map_or("", |(_, p)| p).to_string();
+                if let Some((j, other)) = seen.insert(port, (i, key)) {
+                    return Err(ConfigError(format!(
+                        "kv_events.{key}: engine {i} would bind {endpoint:?}, the port of \
+                         engine {j}'s kv_events.{other} (engine N binds the configured ports \
+                         plus N); leave {} ports after each, e.g. replay_endpoint = \
+                         \"tcp://*:{}\"",
+                        self.engines.len(),
+                        port_of(&self.kv_events.endpoint) + self.engines.len()
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -130,6 +161,14 @@ impl Settings {
             })
             .collect()
     }
+}
+
+/// The port of `tcp://HOST:PORT` (0 when there is none).
+fn port_of(endpoint: &str) -> usize {
+    endpoint
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The prefix-store subdirectory of engine `i`.
@@ -261,6 +300,26 @@ mod tests {
             .expect_err("65")
             .to_string()
             .contains("engines: at most 64 entries (got 65)"));
+    }
+
+    #[test]
+    fn kv_event_ports_of_two_engines_may_not_collide() {
+        let mut s = with(vec![EngineConfig::default(), EngineConfig::default()]);
+        s.kv_events.enabled = true;
+        s.kv_events.endpoint = "tcp://*:5557".into();
+        s.kv_events.replay_endpoint = "tcp://*:5558".into();
+        let e = s.validate_engines().expect_err("5558 twice").to_string();
+        assert_eq!(
+            e,
+            "configuration error: kv_events.endpoint: engine 1 would bind \"tcp://*:5558\", \
+             the port of engine 0's kv_events.replay_endpoint (engine N binds the configured \
+             ports plus N); leave 2 ports after each, e.g. replay_endpoint = \"tcp://*:5559\""
+        );
+        s.kv_events.replay_endpoint = "tcp://*:5559".into();
+        s.validate_engines().expect("5557, 5558 and 5559, 5560");
+        s.kv_events.endpoint = "tcp://127.0.0.1:0".into();
+        s.kv_events.replay_endpoint = "tcp://127.0.0.1:0".into();
+        s.validate_engines().expect("free ports");
     }
 
     #[test]

@@ -57,11 +57,25 @@ pub struct Loaded {
 pub fn load_all(settings: &Settings) -> anyhow::Result<Vec<Loaded>> {
     let all = settings.engine_settings();
     let several = all.len() > 1;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads: usize = all.iter().map(|s| s.model.threads.max(1)).sum();
+    if several && threads > cores {
+        tracing::warn!(
+            threads,
+            cores,
+            "the engines' compute threads exceed the available cores: they busy-wait \
+             between kernels and will slow each other down; lower engines[N].threads"
+        );
+    }
     let mut loaded = Vec::with_capacity(all.len());
     for (i, s) in all.iter().enumerate() {
         let device = crate::model_runner::select_device(&s.model.device).map_err(|e| {
             if several {
-                anyhow::anyhow!("engines[{i}]: {e}")
+                anyhow::anyhow!(
+                    "engines[{i}].device: {}",
+                    e.replacen("model.device", "", 1)
+                        .trim_start_matches([':', ' ', '='])
+                )
             } else {
                 anyhow::Error::msg(e)
             }

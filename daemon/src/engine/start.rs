@@ -70,7 +70,7 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
         engine_arbiters.push(c.arbiter);
         stores.extend(c.store);
     }
-    let placer = Arc::new(Placer::new(replicas, settings.scheduler.max_running));
+    let placer = Arc::new(Placer::new(replicas));
     let plugins: SharedPlugins = Arc::new(RwLock::new(Arc::new(plugins)));
     let (tok, placer_for_tok, placer_for_util) =
         (tokenizer.clone(), placer.clone(), placer.clone());
@@ -228,6 +228,7 @@ fn start_core(
             load,
             adapters,
             prefix,
+            block_size,
         },
         arbiter,
         store: store_addr,

@@ -115,7 +115,7 @@ impl SchedulerActor {
     }
 
     /// Hands the events the policy recorded since the last call to the publisher and
-    /// the placer, and tells the placer the sequences held.
+    /// the placer, and tells the placer the blocks held.
     fn publish_kv_events(&mut self) {
         if self.kv_events.is_none() && self.load.is_none() {
             return;
@@ -123,7 +123,7 @@ impl SchedulerActor {
         let events = self.scheduler.take_kv_events();
         if let Some(load) = &self.load {
             load.apply(&events);
-            load.set_active(self.scheduler.running_len() + self.scheduler.waiting_len());
+            load.set_active(self.scheduler.load_blocks());
         }
         if let Some(sink) = &self.kv_events {
             sink.publish(&events);
@@ -212,7 +212,7 @@ impl SchedulerActor {
             return;
         }
         if let Some(load) = &self.load {
-            load.set_active(self.scheduler.running_len() + self.scheduler.waiting_len());
+            load.set_active(self.scheduler.load_blocks());
         }
         self.step(ctx);
     }
@@ -378,7 +378,11 @@ impl Handler<Submit> for SchedulerActor {
     fn handle(&mut self, msg: Submit, ctx: &mut Context<Self>) {
         let req = msg.0;
         if let Some(load) = &self.load {
-            load.taken();
+            load.taken(
+                req.prompt
+                    .len()
+                    .div_ceil(self.scheduler.block_size().max(1)),
+            );
         }
         if req.cancel.is_cancelled() {
             self.post().end_cancelled(Sequence::new(req, 0));

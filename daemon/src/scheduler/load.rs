@@ -1,5 +1,6 @@
 //! What one engine's scheduler loop reports to the placer of several engines
-//! (`crate::engine::placement`): the sequences it holds, and the block hashes of its
+//! ([`super::placement`]): the KV blocks its sequences hold or wait for, and the block
+//! hashes of its
 //! memory tier, followed from the policy's KV-cache events (`BlockStored` adds,
 //! `BlockRemoved` removes, `AllBlocksCleared` empties), the events a router reads.
 
@@ -12,9 +13,10 @@ use crate::kv_events::KvEvent;
 /// What one engine's scheduler loop tells the placer.
 #[derive(Debug, Default)]
 pub struct EngineLoad {
-    /// Sequences the engine holds (running and waiting), as of its last step.
+    /// KV blocks its sequences own or their prompts will need (waiting ones), as of
+    /// its last step.
     active: AtomicUsize,
-    /// Requests placed on the engine that its loop has not taken yet.
+    /// Prompt blocks of the requests placed on it that its loop has not taken yet.
     in_flight: AtomicUsize,
     /// Requests placed on the engine since start.
     placed: AtomicU64,
@@ -23,16 +25,19 @@ pub struct EngineLoad {
 }
 
 impl EngineLoad {
-    /// The loop holds `n` sequences now.
-    pub fn set_active(&self, n: usize) {
-        self.active.store(n, Ordering::Relaxed);
+    /// The loop's sequences hold or need `blocks` KV blocks now.
+    pub fn set_active(&self, blocks: usize) {
+        self.active.store(blocks, Ordering::Relaxed);
     }
 
-    /// The loop has taken a placed request (it is counted in `active` from now on).
-    pub fn taken(&self) {
+    /// The loop has taken a placed request of `blocks` prompt blocks (counted in
+    /// `active` from now on).
+    pub fn taken(&self, blocks: usize) {
         let _ = self
             .in_flight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(blocks))
+            });
     }
 
     /// Follows the memory tier's events (those of the engine's policy, in order).
@@ -54,7 +59,7 @@ impl EngineLoad {
         }
     }
 
-    /// Sequences held or on their way.
+    /// KV blocks held, needed or on their way.
     pub fn load(&self) -> usize {
         self.active.load(Ordering::Relaxed) + self.in_flight.load(Ordering::Relaxed)
     }
@@ -64,9 +69,9 @@ impl EngineLoad {
         self.placed.load(Ordering::Relaxed)
     }
 
-    /// A request was placed on the engine.
-    pub fn placed_one(&self) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    /// A request of `blocks` prompt blocks was placed on the engine.
+    pub fn placed_one(&self, blocks: usize) {
+        self.in_flight.fetch_add(blocks, Ordering::Relaxed);
         self.placed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -113,13 +118,12 @@ mod tests {
         assert_eq!(l.overlap(&[1, 2, 3]), (1, 3));
         l.apply(&[KvEvent::AllBlocksCleared]);
         assert_eq!(l.overlap(&[1]), (0, 0));
-        l.placed_one();
-        l.placed_one();
+        l.placed_one(2);
+        l.placed_one(4);
         l.set_active(3);
-        assert_eq!(l.load(), 5);
-        l.taken();
-        l.taken();
-        l.taken();
+        assert_eq!(l.load(), 9);
+        l.taken(4);
+        l.taken(4);
         assert_eq!(l.load(), 3, "taken never goes below zero");
         assert_eq!(l.placed(), 2);
     }

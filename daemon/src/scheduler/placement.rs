@@ -9,11 +9,15 @@
 //! adapter's root) and counts the leading blocks the engine holds, the overlap that
 //! Dynamo's KV router and llm-d's precise prefix scorer compute from the events.
 //!
-//! The choice ([`choose`]) is SGLang's cache-aware policy in shape
-//! (`sgl-model-gateway`, `policies/cache_aware.rs`): the engine with the longest cached
-//! prefix, unless that would leave the engines out of balance, in which case the least
-//! loaded; ties go to the less loaded, then to the engine holding fewer blocks (new
-//! prefixes spread over the engines instead of piling onto the first).
+//! The choice ([`choose`]) is the cost NVIDIA Dynamo's KV router gives a worker, in
+//! the shape of `dynamo-kv-router` 1.6.1's `scheduling/selector/reference.rs`
+//! (`logit = prefill blocks less the overlap credit + decode blocks`, weights 1): the
+//! prompt blocks the engine would have to compute (those it does not hold) plus the KV
+//! blocks its sequences already hold or wait for; the cheapest engine wins, ties to
+//! the less loaded, then to the one holding fewer blocks (new prefixes spread over the
+//! engines), then the lower index. A shared prefix draws a request to its engine only
+//! while that engine's load costs less than the prefill it saves, so requests that
+//! share a system prompt still spread when they arrive together.
 
 use std::sync::Arc;
 
@@ -38,43 +42,41 @@ pub struct Replica {
     /// Its prefix hashing (`None`: prefix caching off): the fingerprint that enters
     /// every hash (it names the device), and tokens per block.
     pub prefix: Option<(ModelFingerprint, usize)>,
+    /// Tokens per KV block.
+    pub block_size: usize,
 }
 
-/// One candidate engine for [`choose`].
+/// One candidate engine for [`choose`], in KV blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
+    /// The prompt's blocks (full or not).
+    pub prompt_blocks: usize,
     /// Leading prompt blocks it holds.
     pub cached_blocks: usize,
-    /// Sequences held or on their way.
+    /// Blocks its sequences hold or need, and those of requests on their way to it.
     pub load: usize,
     /// Blocks its memory tier holds in all.
     pub held_blocks: usize,
 }
 
-/// The engine for a request: the longest cached prefix, unless its load exceeds the
-/// least loaded engine's by more than `balance` sequences (then the least loaded);
-/// ties to the lower load, then fewer held blocks, then the lower index.
-///
-/// # Panics
-/// Never for a non-empty `c`; an empty one is a caller bug and gives 0.
-pub fn choose(c: &[Candidate], balance: usize) -> usize {
-    let by = |key: fn(&Candidate) -> (usize, usize, usize)| {
-        (0..c.len()).min_by_key(|&i| (key(&c[i]), i)).unwrap_or(0)
-    };
-    let least = by(|x| (x.load, x.held_blocks, 0));
-    let best = by(|x| (usize::MAX - x.cached_blocks, x.load, x.held_blocks));
-    if c[best].load > c[least].load + balance {
-        least
-    } else {
-        best
+impl Candidate {
+    /// Blocks to compute plus blocks already in use.
+    pub fn cost(&self) -> usize {
+        self.prompt_blocks.saturating_sub(self.cached_blocks) + self.load
     }
+}
+
+/// The engine for a request: the lowest [`Candidate::cost`], ties to the lower load,
+/// then fewer held blocks, then the lower index; 0 for no candidate.
+pub fn choose(c: &[Candidate]) -> usize {
+    (0..c.len())
+        .min_by_key(|&i| (c[i].cost(), c[i].load, c[i].held_blocks, i))
+        .unwrap_or(0)
 }
 
 /// Sends prepared requests to the engines' scheduler loops: the only way in.
 pub struct Placer {
     replicas: Vec<Replica>,
-    /// [`choose`]'s `balance`: `scheduler.max_running`, a whole batch.
-    balance: usize,
     /// Held from a choice until it is counted, so that requests prepared at once on
     /// several tokenizer threads see each other's placements.
     placing: std::sync::Mutex<()>,
@@ -82,10 +84,9 @@ pub struct Placer {
 
 impl Placer {
     /// A placer over `replicas` (at least one).
-    pub fn new(replicas: Vec<Replica>, balance: usize) -> Self {
+    pub fn new(replicas: Vec<Replica>) -> Self {
         Self {
             replicas,
-            balance,
             placing: std::sync::Mutex::new(()),
         }
     }
@@ -126,7 +127,8 @@ impl Placer {
                 }
             }
         }
-        r.load.placed_one();
+        r.load
+            .placed_one(req.prompt.len().div_ceil(r.block_size.max(1)));
         drop(placing);
         r.scheduler.do_send(Submit(req));
     }
@@ -158,13 +160,14 @@ impl Placer {
                 };
                 let (cached_blocks, held_blocks) = r.load.overlap(hashes);
                 Candidate {
+                    prompt_blocks: req.prompt.len().div_ceil(r.block_size.max(1)),
                     cached_blocks,
                     load: r.load.load(),
                     held_blocks,
                 }
             })
             .collect();
-        let i = choose(&candidates, self.balance);
+        let i = choose(&candidates);
         tracing::debug!(seq = %req.seq, engine = i, ?candidates, "placed");
         i
     }
@@ -174,8 +177,9 @@ impl Placer {
 mod tests {
     use super::*;
 
-    fn c(cached_blocks: usize, load: usize, held_blocks: usize) -> Candidate {
+    fn c(prompt_blocks: usize, cached_blocks: usize, load: usize, held_blocks: usize) -> Candidate {
         Candidate {
+            prompt_blocks,
             cached_blocks,
             load,
             held_blocks,
@@ -183,17 +187,19 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_cached_prefix_wins_unless_it_unbalances() {
-        // Cache first.
-        assert_eq!(choose(&[c(1, 0, 9), c(3, 2, 9)], 4), 1);
-        // Out of balance by more than a batch: the least loaded.
-        assert_eq!(choose(&[c(1, 0, 9), c(3, 5, 9)], 4), 0);
-        assert_eq!(choose(&[c(1, 1, 9), c(3, 5, 9)], 4), 1);
-        // Equal prefixes: the lower load, then fewer held blocks, then the index.
-        assert_eq!(choose(&[c(2, 3, 0), c(2, 1, 9)], 4), 1);
-        assert_eq!(choose(&[c(0, 0, 9), c(0, 0, 2)], 4), 1);
-        assert_eq!(choose(&[c(0, 0, 2), c(0, 0, 2), c(0, 0, 2)], 4), 0);
-        // Nothing cached anywhere: the least loaded.
-        assert_eq!(choose(&[c(0, 2, 0), c(0, 1, 5), c(0, 3, 0)], 4), 1);
+    fn the_cheapest_engine_wins_prefill_saved_against_load() {
+        // A cached prefix draws the request while the prefill it saves outweighs the load.
+        assert_eq!(choose(&[c(6, 0, 0, 9), c(6, 5, 3, 9)]), 1);
+        // Not once the engine holding it is busier than the prefill saved.
+        assert_eq!(choose(&[c(6, 0, 0, 9), c(6, 5, 6, 9)]), 0);
+        // Requests sharing a system prompt arriving together: the second goes to the
+        // other engine once the first's blocks are on their way to the holder.
+        assert_eq!(choose(&[c(30, 28, 0, 28), c(30, 0, 0, 0)]), 0);
+        assert_eq!(choose(&[c(30, 28, 30, 28), c(30, 0, 0, 0)]), 1);
+        // Equal cost: the lower load, then fewer held blocks, then the index.
+        assert_eq!(choose(&[c(4, 2, 3, 0), c(4, 0, 1, 9)]), 1);
+        assert_eq!(choose(&[c(4, 0, 0, 9), c(4, 0, 0, 2)]), 1);
+        assert_eq!(choose(&[c(4, 0, 0, 2), c(4, 0, 0, 2), c(4, 0, 0, 2)]), 0);
+        assert_eq!(choose(&[]), 0);
     }
 }

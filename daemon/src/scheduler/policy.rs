@@ -374,6 +374,23 @@ impl Scheduler {
         &self.blocks
     }
 
+    /// KV blocks the sequences own plus the blocks the waiting ones' tokens need: the
+    /// engine's load as the placer of several engines weighs it.
+    pub fn load_blocks(&self) -> usize {
+        let bs = self.blocks.block_size().max(1);
+        let waiting: usize = self
+            .waiting
+            .iter()
+            .map(|s| s.total_len().div_ceil(bs))
+            .sum();
+        self.blocks.used_blocks() + waiting
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.blocks.block_size()
+    }
+
     /// Whether there is nothing to run.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
