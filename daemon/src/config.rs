@@ -552,6 +552,12 @@ pub struct Settings {
     pub engines: Vec<EngineConfig>,
 }
 
+/// Whether `s` names a device the way `model.device` does: `"auto"`, `"cpu"` or
+/// `"cuda:N"` (the ordinal is checked when the device opens).
+pub(crate) fn is_device(s: &str) -> bool {
+    s == "auto" || s == "cpu" || s.starts_with("cuda:")
+}
+
 /// Command-line overrides (the highest layer).
 #[derive(Debug, Clone, Default)]
 pub struct CliOverrides {
@@ -668,10 +674,7 @@ impl Settings {
         if self.model.path.as_os_str().is_empty() {
             return bad("model.path must not be empty".into());
         }
-        if self.model.device != "auto"
-            && self.model.device != "cpu"
-            && !self.model.device.starts_with("cuda:")
-        {
+        if !is_device(&self.model.device) {
             return bad(format!(
                 "model.device must be \"auto\", \"cpu\" or \"cuda:N\" (got \"{}\")",
                 self.model.device

@@ -48,11 +48,7 @@ impl Settings {
         let mut dirs = std::collections::HashSet::new();
         for (i, e) in self.engines.iter().enumerate() {
             let key = |k: &str| format!("engines[{i}].{k}");
-            if !e.device.is_empty()
-                && e.device != "auto"
-                && e.device != "cpu"
-                && !e.device.starts_with("cuda:")
-            {
+            if !e.device.is_empty() && !super::is_device(&e.device) {
                 return bad(format!(
                     "{} must be \"auto\", \"cpu\" or \"cuda:N\" (got {:?})",
                     key("device"),

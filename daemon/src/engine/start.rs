@@ -119,9 +119,9 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
     }
 }
 
-/// Starts one engine's prefix store, model runner and scheduler loop, which reports to
-/// the placer ([`EngineLoad`]; the memory tier's blocks only with `several`, where
-/// placement reads them).
+/// Starts one engine's prefix store, model runner and scheduler loop; with `several`
+/// the loop reports its load and memory-tier blocks to the placer ([`EngineLoad`]),
+/// which a single engine never reads (its step does none of that work).
 fn start_core(
     loaded: Loaded,
     settings: &Settings,
@@ -216,7 +216,9 @@ fn start_core(
         if let Some((sink, _)) = kv_events {
             actor = actor.with_kv_events(sink);
         }
-        actor = actor.with_load(load_for_sched);
+        if several {
+            actor = actor.with_load(load_for_sched);
+        }
         match store_for_sched {
             Some(store) => actor.with_store(store),
             None => actor,

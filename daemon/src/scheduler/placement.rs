@@ -127,8 +127,12 @@ impl Placer {
                 }
             }
         }
-        r.load
-            .placed_one(req.prompt.len().div_ceil(r.block_size.max(1)));
+        // One engine: counted, with no load to follow (its loop reports none).
+        let blocks = match placing {
+            Some(_) => req.prompt.len().div_ceil(r.block_size.max(1)),
+            None => 0,
+        };
+        r.load.placed_one(blocks);
         drop(placing);
         r.scheduler.do_send(Submit(req));
     }
