@@ -4,10 +4,9 @@
 use serde::Serialize;
 
 use crate::error::{ErrorKind, InferError};
+use crate::request::{EngineStats, TokenLogprobs, TopLogprob};
 use crate::request::{FinishReason, StreamEvent, Timings, ToolCallDelta, Usage};
 use crate::sampling::wasm_plugin::PluginDescription;
-use crate::sampling::{TokenLogprobs, TopLogprob};
-use crate::scheduler::EngineStats;
 
 /// Sent in the unlikely case a frame fails to serialize (it cannot with these types).
 const SERIALIZE_FAILED: &str = r#"{"type":"error","id":null,"error":{"type":"internal","message":"failed to serialize a server frame"}}"#;

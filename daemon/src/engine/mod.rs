@@ -25,9 +25,10 @@ use actix::Addr;
 use crate::adapters::AdapterLease;
 use crate::api::SamplingDefaults;
 use crate::error::{ErrorKind, InferError};
+use crate::request::EngineStats;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, SeqId};
 use crate::sampling::wasm_plugin::PluginRegistry;
-use crate::scheduler::{Cancel, EngineStats, GetStats, Placer};
+use crate::scheduler::{Cancel, GetStats, Placer};
 use crate::tokenizer::actor::{Decode, Encode, Prepare};
 use crate::tokenizer::TokenizerActor;
 

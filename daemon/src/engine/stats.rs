@@ -1,7 +1,7 @@
 //! The daemon's counters from its engines' own (`[[engines]]`): sums, ratios taken
 //! again from the sums, and each engine's share in `engines`.
 
-use crate::scheduler::{EngineShare, EngineStats};
+use crate::request::{EngineShare, EngineStats};
 
 /// `each` (one per engine, in order; `placed[i]`: requests placed on engine `i`) added up; the geometry
 /// (`kv_block_size`) and the speculative settings are the first engine's (every

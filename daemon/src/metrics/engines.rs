@@ -5,7 +5,7 @@
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::registered;
-use crate::scheduler::EngineShare;
+use crate::request::EngineShare;
 
 /// The per-engine families.
 pub(super) struct EngineFamilies {

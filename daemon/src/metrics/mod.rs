@@ -21,7 +21,7 @@ use prometheus::{
 
 use crate::adapters::AdapterRegistry;
 use crate::error::ErrorKind;
-use crate::scheduler::EngineStats;
+use crate::request::EngineStats;
 use engines::EngineFamilies;
 
 /// Histogram buckets for time to first token and end-to-end latency, seconds.
@@ -471,14 +471,14 @@ mod tests {
         st.speculative.add(2, 0);
         st.speculative = st.speculative.with_ratios();
         st.engines = vec![
-            crate::scheduler::EngineShare {
+            crate::request::EngineShare {
                 running: 1,
                 kv_blocks_used: 3,
                 kv_blocks_total: 364,
                 placed: 9,
                 ..Default::default()
             },
-            crate::scheduler::EngineShare {
+            crate::request::EngineShare {
                 running: 2,
                 waiting: 2,
                 kv_blocks_used: 4,

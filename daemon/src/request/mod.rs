@@ -12,8 +12,12 @@ use tokio::sync::mpsc;
 
 use crate::error::InferError;
 
+pub mod logprobs;
+pub mod stats;
 pub mod tools;
 
+pub use logprobs::{TokenLogprobs, TopLogprob};
+pub use stats::{EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SpecStats};
 pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};
 
 /// Identifier of an accepted sequence inside the engine, unique for the daemon's lifetime.
@@ -349,7 +353,7 @@ pub enum StreamEvent {
         token_ids: Vec<u32>,
         /// Their log-probabilities (one per id, in order) when the request asked for
         /// `logprobs`; empty otherwise.
-        logprobs: Vec<crate::sampling::TokenLogprobs>,
+        logprobs: Vec<TokenLogprobs>,
         /// Text of the model's reasoning (`<think>…</think>`) released by this step;
         /// never part of `text`.
         reasoning: String,
@@ -379,7 +383,7 @@ pub enum StreamEvent {
         /// `i` given tokens `0..i` and the most likely alternatives there. The first
         /// token has no context: its `chosen.logprob` is NaN and its `top` empty.
         /// Empty without `logprobs`.
-        logprobs: Vec<crate::sampling::TokenLogprobs>,
+        logprobs: Vec<TokenLogprobs>,
     },
     /// An event of choice `index` of a request with `n > 1` choices: its `Delta`s and
     /// its `Done`. The request ends when every choice sent its `Done` (or with an

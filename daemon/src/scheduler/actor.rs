@@ -20,9 +20,10 @@ use crate::request::{SeqId, StreamEvent};
 
 use crate::tokenizer::TextTokenizer;
 
-use super::policy::{EngineStats, Scheduler};
+use super::policy::Scheduler;
 use super::post_step::PostStep;
 use super::sequence::{DiskHit, Sequence, TokenizedRequest};
+use crate::request::EngineStats;
 
 /// A LoRA adapter's weights finished loading (or failed to): waiting requests for it
 /// may be admitted now (or are failed at the next step).
@@ -435,7 +436,7 @@ impl Handler<GetStats> for SchedulerActor {
     fn handle(&mut self, _msg: GetStats, _ctx: &mut Context<Self>) -> Self::Result {
         let mut st = self.scheduler.stats();
         if let Some(sink) = &self.kv_events {
-            st.kv_events = super::KvEventStats {
+            st.kv_events = crate::request::KvEventStats {
                 published: sink.sent(),
                 dropped: sink.dropped(),
             };

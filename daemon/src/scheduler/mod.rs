@@ -29,12 +29,9 @@ pub use block_manager::{BlockId, BlockManager, OutOfBlocks};
 pub use echo::PromptEcho;
 pub use load::EngineLoad;
 pub use placement::{Placer, Replica};
-pub use policy::{
-    EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, PrefixCaching, Scheduler,
-    SchedulerLimits,
-};
+pub use policy::{PrefixCaching, Scheduler, SchedulerLimits};
 pub use sequence::{DiskHit, Sequence, TokenizedRequest};
-pub use speculative::{SpecStats, Speculation};
+pub use speculative::Speculation;
 
 #[cfg(test)]
 mod choices_tests;

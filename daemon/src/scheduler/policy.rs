@@ -22,11 +22,11 @@ use std::sync::Arc;
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::{BatchItem, BlockCopy, BlockLoad, PersistBlock, RunBatch};
 use crate::prefix_store::{DiskCounters, ModelFingerprint};
-use crate::request::SeqId;
+use crate::request::{EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SeqId, SpecStats};
 
 use super::block_manager::BlockManager;
 use super::sequence::{Sequence, TokenizedRequest};
-use super::speculative::{RowCost, SpecState, SpecStats, Speculation};
+use super::speculative::{RowCost, SpecState, Speculation};
 
 mod fork;
 mod kv_events;
@@ -77,119 +77,6 @@ pub struct PrefixCaching {
     pub disk: Option<Arc<DiskCounters>>,
     /// Bytes of one block's K/V over every layer (`KvBlockPool::block_bytes`).
     pub block_bytes: usize,
-}
-
-/// Prefix cache counters (`stats.prefix_cache`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct PrefixCacheStats {
-    /// Whether prefix caching is on (`prefix_store.enabled`).
-    pub enabled: bool,
-    /// Whether the disk tier is on.
-    pub disk_enabled: bool,
-    /// Prompt tokens of admitted requests that used the cache.
-    pub prompt_tokens: u64,
-    /// Of those, tokens whose K/V came from the cache (memory or disk).
-    pub hit_tokens: u64,
-    /// `hit_tokens / prompt_tokens` (0 when no prompt was seen).
-    pub hit_rate: f64,
-    /// Tokens served from the memory tier.
-    pub memory_hit_tokens: u64,
-    /// Tokens served from the disk tier.
-    pub disk_hit_tokens: u64,
-    /// KV pool blocks holding a cached prefix block (in use or evictable).
-    pub memory_blocks: usize,
-    /// Of those, blocks no sequence uses (reusable, evicted LRU first).
-    pub memory_evictable_blocks: usize,
-    /// Blocks in the disk tier.
-    pub disk_blocks: u64,
-    /// Bytes of the disk tier's entries.
-    pub disk_bytes: u64,
-    /// Blocks written to disk since start.
-    pub disk_written_blocks: u64,
-    /// Blocks evicted from disk to stay within `prefix_store.max_bytes`.
-    pub disk_evicted_blocks: u64,
-    /// Disk entries that failed verification (corrupt, truncated), deleted.
-    pub disk_dropped_corrupt: u64,
-    /// Blocks not written because the write queue was full or writing failed.
-    pub disk_dropped_writes: u64,
-    /// Blocks not written because the earlier blocks of their chain are not stored (or
-    /// would have had to be evicted to make room): no lookup could reach them.
-    pub disk_unreachable_writes: u64,
-}
-
-/// Engine counters, for the `stats` message and the log.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct EngineStats {
-    /// Sequences running (admitted, holding KV blocks).
-    pub running: usize,
-    /// Sequences waiting for admission (preempted ones included).
-    pub waiting: usize,
-    /// Waiting sequences that were preempted and will be recomputed.
-    pub preempted: usize,
-    /// Preemptions since start.
-    pub preemptions_total: u64,
-    /// KV blocks owned by sequences.
-    pub kv_blocks_used: usize,
-    /// KV blocks in the pool.
-    pub kv_blocks_total: usize,
-    /// Tokens per KV block.
-    pub kv_block_size: usize,
-    /// Tokens generated since start (all requests).
-    pub tokens_generated: u64,
-    /// Forward passes (engine steps) since start.
-    pub steps: u64,
-    /// Prompt positions run through the model since start (prefill work: cached
-    /// tokens are not counted, recomputation after a preemption is; the choices of an
-    /// `n > 1` request share one prefill).
-    pub prompt_tokens_computed: u64,
-    /// Prefix cache counters.
-    pub prefix_cache: PrefixCacheStats,
-    /// Speculative decoding counters.
-    pub speculative: SpecStats,
-    /// LoRA adapters of the running and the waiting sequences.
-    pub lora: LoraStats,
-    /// KV-cache event publishing (`[kv_events]`; zero when off).
-    pub kv_events: KvEventStats,
-    /// Each engine's share (`[[engines]]`; one entry for one engine), filled in by
-    /// the engine handle; empty from a single scheduler loop.
-    pub engines: Vec<EngineShare>,
-}
-
-/// One engine's share of the daemon's state (`stats.engines[i]`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct EngineShare {
-    /// Sequences running on it.
-    pub running: usize,
-    /// Sequences waiting on it.
-    pub waiting: usize,
-    /// Its KV blocks owned by sequences.
-    pub kv_blocks_used: usize,
-    /// Its KV pool's blocks.
-    pub kv_blocks_total: usize,
-    /// Requests placed on it since start.
-    pub placed: u64,
-    /// Prompt tokens it served from its prefix cache (memory and disk) since start.
-    pub prefix_hit_tokens: u64,
-}
-
-/// KV-cache event messages since start (filled in by the scheduler loop, which holds
-/// the publisher).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct KvEventStats {
-    /// Messages sent on the PUB socket.
-    pub published: u64,
-    /// Messages that left the replay buffer before they could be sent.
-    pub dropped: u64,
-}
-
-/// Which LoRA adapters the engine's sequences use now (the Gateway API Inference
-/// Extension's `running_lora_adapters` / `waiting_lora_adapters`).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct LoraStats {
-    /// Adapters of running sequences, sorted, each once.
-    pub running: Vec<String>,
-    /// Adapters of waiting sequences, sorted, each once.
-    pub waiting: Vec<String>,
 }
 
 /// Queues, running set and KV blocks.

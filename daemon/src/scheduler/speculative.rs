@@ -21,6 +21,7 @@
 
 use crate::config::{SpecMethod, SpeculativeConfig};
 use crate::model_runner::SpecCosts;
+use crate::request::stats::ratio;
 
 /// The scheduler's speculation settings (from `[speculative]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -305,63 +306,6 @@ impl RowCost {
     }
 }
 
-/// Engine-wide speculation counters (`stats.speculative`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct SpecStats {
-    /// `speculative.method` (`"off"` or `"ngram"`).
-    pub method: &'static str,
-    /// `speculative.k`.
-    pub k: usize,
-    /// Measured cost of a verification row, as a fraction of a one-row decode step.
-    pub row_cost: f64,
-    /// Measured cost of a draft model step, as that fraction (0 without one).
-    pub draft_cost: f64,
-    /// Draft tokens verified since start.
-    pub draft_tokens: u64,
-    /// Of those, drafts accepted.
-    pub accepted_tokens: u64,
-    /// `accepted_tokens / draft_tokens` (0 before any draft).
-    pub acceptance_rate: f64,
-    /// Sequence steps that verified drafts.
-    pub verification_steps: u64,
-    /// Tokens those steps produced per step (accepted drafts plus the one sampled
-    /// after them): `(accepted_tokens + verification_steps) / verification_steps`.
-    pub tokens_per_verification: f64,
-}
-
-impl SpecStats {
-    /// Adds one sequence step that verified `drafted` drafts and accepted `accepted`.
-    pub fn add(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        self.draft_tokens += drafted as u64;
-        self.accepted_tokens += accepted as u64;
-        self.verification_steps += 1;
-    }
-
-    /// The counters with their ratios filled in.
-    pub fn with_ratios(mut self) -> Self {
-        let (a, d, v) = (
-            self.accepted_tokens as usize,
-            self.draft_tokens as usize,
-            self.verification_steps as usize,
-        );
-        self.acceptance_rate = ratio(a, d);
-        self.tokens_per_verification = ratio(a + v, v);
-        self
-    }
-}
-
-/// `a / b`, 0 when `b` is 0.
-fn ratio(a: usize, b: usize) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,7 +415,7 @@ mod tests {
 
     #[test]
     fn stats_ratios() {
-        let mut st = SpecStats::default();
+        let mut st = crate::request::SpecStats::default();
         assert_eq!(st.with_ratios().acceptance_rate, 0.0);
         st.add(4, 3);
         st.add(4, 1);

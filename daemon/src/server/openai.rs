@@ -27,8 +27,8 @@ use super::{unix_now, Engine, State, Tracked};
 use crate::api::openai::{parse_body, BodyError, ResponseOptions};
 use crate::error::InferError;
 use crate::request::tools::fold_tool_calls;
+use crate::request::TokenLogprobs;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, ToolCallDelta, Usage};
-use crate::sampling::TokenLogprobs;
 
 /// Longest wait for a request body to arrive, as for its headers (hyper's
 /// `header_read_timeout`), so half-sent requests cannot hold connections open.

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
+use crate::request::TokenLogprobs;
 use crate::request::{FinishReason, StreamEvent, ToolCallDelta, Usage};
-use crate::sampling::TokenLogprobs;
 
 /// The choice an event is about and the event itself: a [`StreamEvent::Choice`]
 /// unwrapped, any other event as choice 0.

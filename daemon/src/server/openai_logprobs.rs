@@ -6,7 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::api::wire::LOGPROB_FLOOR;
-use crate::sampling::{TokenLogprobs, TopLogprob};
+use crate::request::{TokenLogprobs, TopLogprob};
 
 /// A log-probability as a JSON number (`−∞` as [`LOGPROB_FLOOR`]): the shortest
 /// decimal that reads back as the f32, as the WebSocket writes it (`json!` would widen

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{event_frame, logprob_token, LogprobToken, LOGPROB_FLOOR, SERIALIZE_FAILED};
 use crate::request::StreamEvent;
-use crate::sampling::TokenLogprobs;
+use crate::request::TokenLogprobs;
 
 /// A prompt token's entry: `logprob` is `null` for the first token (it has no context).
 #[derive(Serialize)]
@@ -73,8 +73,8 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::request::TopLogprob;
     use crate::request::{FinishReason, Timings, Usage};
-    use crate::sampling::TopLogprob;
 
     fn parse(frame: &str) -> Value {
         serde_json::from_str(frame).expect("frame is JSON")
