@@ -2,36 +2,10 @@
 //! cut), the released text is split into reasoning ([`super::reasoning`]) and answer,
 //! and the answer into content and tool calls ([`super::tool_calls`]).
 
-use super::reasoning::{ReasoningSplitter, ReasoningStart, Split};
-use super::tool_calls::{ToolCallParser, ToolFormat, ToolSplit};
+use super::reasoning::{ReasoningSplitter, Split};
+use super::tool_calls::{ToolCallParser, ToolSplit};
+pub use crate::request::channels::ChannelSpec;
 use crate::request::ToolCallDelta;
-
-/// How one sequence's output is split, decided when its prompt is rendered.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChannelSpec {
-    /// `Some`: the template can make the model reason; where the output starts.
-    pub reasoning: Option<ReasoningStart>,
-    /// `Some((format, parallel_tool_calls))`: parse tool calls.
-    pub tools: Option<(ToolFormat, bool)>,
-    /// Control tokens whose text the parsers must see (e.g. Mistral's `[TOOL_CALLS]`,
-    /// `<|python_tag|>`): id and text. Other control tokens add no text.
-    pub markers: Vec<(u32, String)>,
-}
-
-impl ChannelSpec {
-    /// Whether any splitting happens (a plain request pays for nothing).
-    pub fn is_plain(&self) -> bool {
-        self.reasoning.is_none() && self.tools.is_none()
-    }
-
-    /// The text a control token `id` contributes to the parsers, if it is a marker.
-    pub fn marker(&self, id: u32) -> Option<&str> {
-        self.markers
-            .iter()
-            .find(|(t, _)| *t == id)
-            .map(|(_, s)| s.as_str())
-    }
-}
 
 /// What one push released, per channel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,6 +100,7 @@ impl Channels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::{ReasoningStart, ToolFormat};
 
     #[test]
     fn reasoning_then_a_call() {

@@ -9,36 +9,7 @@
 //! ends inside the reasoning is all reasoning. The markers are ASCII, so splitting at
 //! them keeps every piece whole UTF-8.
 
-/// Opens a reasoning block.
-pub const THINK_OPEN: &str = "<think>";
-/// Closes a reasoning block.
-pub const THINK_CLOSE: &str = "</think>";
-
-/// Where the output starts, from the rendered prompt's end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasoningStart {
-    /// The output may open a reasoning block itself.
-    Detect,
-    /// The prompt ends inside an open `<think>` (the template opened it).
-    Inside,
-    /// The prompt ends right after a closed block (e.g. Qwen3 with
-    /// `enable_thinking: false`): everything is content.
-    Ended,
-}
-
-impl ReasoningStart {
-    /// Reads the end of the rendered prompt `text`.
-    pub fn of_prompt(text: &str) -> Self {
-        let t = text.trim_end();
-        if t.ends_with(THINK_OPEN) {
-            Self::Inside
-        } else if t.ends_with(THINK_CLOSE) {
-            Self::Ended
-        } else {
-            Self::Detect
-        }
-    }
-}
+pub use crate::request::channels::{ReasoningStart, THINK_CLOSE, THINK_OPEN};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

@@ -17,47 +17,8 @@
 
 use super::json_scan::{header, whole_call, Header, JsonDepth};
 use super::reasoning::partial_suffix;
+pub use crate::request::channels::{ToolFormat, HERMES_CLOSE, HERMES_OPEN};
 use crate::request::ToolCallDelta;
-
-/// How a template's model writes tool calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolFormat {
-    /// `<tool_call>{…}</tool_call>` blocks.
-    Hermes,
-    /// A bare JSON object (or several, `;`-separated) as the whole answer.
-    Llama3Json,
-    /// `[TOOL_CALLS]` and a JSON array of calls.
-    MistralV3,
-}
-
-impl ToolFormat {
-    /// The format a chat template's source writes calls in, and whether the template
-    /// renders `tools` itself; `(Hermes, false)` for a template without tool support
-    /// (the daemon then describes the tools in a Hermes-style system message, as
-    /// llama.cpp's generic fallback does).
-    pub fn of_template(source: &str) -> (Self, bool) {
-        let native = source.contains("tools");
-        let format = if source.contains("[TOOL_CALLS]") {
-            Self::MistralV3
-        } else if source.contains("<tool_call>") {
-            Self::Hermes
-        } else if source.contains("<|python_tag|>") || source.contains("ipython") {
-            Self::Llama3Json
-        } else {
-            Self::Hermes
-        };
-        (format, native)
-    }
-
-    /// The text that opens the calls (`None`: the answer itself starts with one).
-    fn opener(self) -> Option<&'static str> {
-        match self {
-            Self::Hermes => Some("<tool_call>"),
-            Self::MistralV3 => Some("[TOOL_CALLS]"),
-            Self::Llama3Json => None,
-        }
-    }
-}
 
 /// A random number drawn once per process: call ids (`call_` + this + the sequence
 /// id + the call's index, 24 hex digits) do not repeat across restarts.
@@ -66,10 +27,6 @@ fn process_salt() -> u32 {
     *SALT.get_or_init(rand::random::<u32>)
 }
 
-/// Opens a Hermes call block.
-pub const HERMES_OPEN: &str = "<tool_call>";
-/// Closes a Hermes call block.
-pub const HERMES_CLOSE: &str = "</tool_call>";
 /// Llama 3's marker before a call.
 const PYTHON_TAG: &str = "<|python_tag|>";
 

@@ -12,10 +12,12 @@ use tokio::sync::mpsc;
 
 use crate::error::InferError;
 
+pub mod channels;
 pub mod logprobs;
 pub mod stats;
 pub mod tools;
 
+pub use channels::{ChannelSpec, ReasoningStart, ToolFormat};
 pub use logprobs::{TokenLogprobs, TopLogprob};
 pub use stats::{EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SpecStats};
 pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};

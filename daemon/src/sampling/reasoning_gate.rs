@@ -12,7 +12,7 @@
 //! end-of-generation tokens are banned: ending there would leave the constraint (a
 //! forced tool call, a JSON answer) unmet.
 
-use crate::detokenizer::reasoning::{ReasoningStart, THINK_OPEN};
+use crate::request::channels::{ReasoningStart, THINK_OPEN};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

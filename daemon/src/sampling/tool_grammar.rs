@@ -7,9 +7,9 @@
 use serde_json::{json, Value};
 
 use super::constraint::{check_keywords, json_layout};
-use crate::detokenizer::tool_calls::ToolFormat;
 use crate::error::InferError;
 use crate::request::FunctionTool;
+use crate::request::ToolFormat;
 
 /// The Lark grammar for calls of `tools` (`tools[k]` is the request's tool with index
 /// `indices[k]`, for error messages) in `format`; `parallel`: one or more calls, else

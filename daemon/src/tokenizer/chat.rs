@@ -5,10 +5,10 @@
 use super::chat_template::TemplateExtras;
 use super::tool_prompt::{fallback_messages, tools_value};
 use super::TextTokenizer;
-use crate::detokenizer::reasoning::{ReasoningStart, THINK_CLOSE, THINK_OPEN};
-use crate::detokenizer::tool_calls::{ToolFormat, HERMES_CLOSE, HERMES_OPEN};
-use crate::detokenizer::ChannelSpec;
 use crate::error::InferError;
+use crate::request::channels::{
+    ChannelSpec, ReasoningStart, ToolFormat, HERMES_CLOSE, HERMES_OPEN, THINK_CLOSE, THINK_OPEN,
+};
 use crate::request::{ChatMessage, ToolOptions};
 
 /// Marker texts the output parsers look for; those that are one control token in a
