@@ -210,7 +210,7 @@ fn end_to_end() -> E2e {
     )
     .expect("load model");
     let tok = TextTokenizer::from_gguf(&loaded.metadata).expect("tokenizer");
-    let reg = registry(PluginVocab::from_tokenizer(&tok), PluginLimits::default());
+    let reg = registry(PluginVocab::from_vocab(&tok), PluginLimits::default());
     let prompt = tok
         .encode(
             "The capital of France is Paris. The capital of England is",

@@ -294,7 +294,7 @@ pub fn load(
         disk_store = disk;
     }
     let kv_events = start_kv_events(settings, &mut disk_store, model_runner.model().device())?;
-    let vocab = Arc::new(PluginVocab::from_tokenizer(&tokenizer));
+    let vocab = Arc::new(PluginVocab::from_vocab(tokenizer.as_ref()));
     let plugins = if plugins {
         crate::service::status("loading plugins");
         Some(load_plugins(settings, vocab.clone())?)

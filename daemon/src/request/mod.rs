@@ -14,13 +14,17 @@ use crate::error::InferError;
 
 pub mod channels;
 pub mod logprobs;
+pub mod prepared;
 pub mod stats;
 pub mod tools;
+pub mod vocab;
 
 pub use channels::{ChannelSpec, ReasoningStart, ToolFormat};
 pub use logprobs::{TokenLogprobs, TopLogprob};
+pub use prepared::{DiskHit, PreparedRequest};
 pub use stats::{EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SpecStats};
 pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};
+pub use vocab::Vocab;
 
 /// Identifier of an accepted sequence inside the engine, unique for the daemon's lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

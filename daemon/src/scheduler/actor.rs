@@ -18,11 +18,12 @@ use crate::prefix_store::hash::extend_hashes;
 use crate::prefix_store::{root_hash_with, LookupRun, PrefixReadActor};
 use crate::request::{SeqId, StreamEvent};
 
-use crate::tokenizer::TextTokenizer;
+use crate::request::Vocab;
 
 use super::policy::Scheduler;
 use super::post_step::PostStep;
-use super::sequence::{DiskHit, Sequence, TokenizedRequest};
+use super::sequence::{Prepared, Sequence};
+use crate::request::DiskHit;
 use crate::request::EngineStats;
 
 /// A LoRA adapter's weights finished loading (or failed to): waiting requests for it
@@ -34,7 +35,7 @@ pub struct AdapterLoaded;
 /// Queue a tokenized request (from the tokenizer stage).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Submit(pub TokenizedRequest);
+pub struct Submit(pub Prepared);
 
 /// Control message: a client cancelled `SeqId` or disconnected. The request's
 /// [`crate::request::CancelFlag`] is already set; this only makes the engine act on
@@ -59,7 +60,7 @@ const STATS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 pub struct SchedulerActor {
     scheduler: Scheduler,
     runner: Addr<ModelRunnerActor>,
-    tokenizer: Arc<TextTokenizer>,
+    vocab: Arc<dyn Vocab>,
     store: Option<Addr<PrefixReadActor>>,
     /// Where the memory tier's KV-cache events go (`[kv_events]`).
     kv_events: Option<crate::kv_events::KvEventSink>,
@@ -74,17 +75,17 @@ pub struct SchedulerActor {
 }
 
 impl SchedulerActor {
-    /// Builds the actor around a policy, the runner and the tokenizer (for token bytes
+    /// Builds the actor around a policy, the runner and the vocabulary (for token bytes
     /// and end-of-generation ids).
     pub fn new(
         scheduler: Scheduler,
         runner: Addr<ModelRunnerActor>,
-        tokenizer: Arc<TextTokenizer>,
+        vocab: Arc<dyn Vocab>,
     ) -> Self {
         Self {
             scheduler,
             runner,
-            tokenizer,
+            vocab,
             store: None,
             kv_events: None,
             load: None,
@@ -134,7 +135,7 @@ impl SchedulerActor {
     /// The disk lookup for `req`'s prompt: the full blocks after those the memory tier
     /// holds, up to `⌊(prompt − 1) / block_size⌋`; `None` when there is nothing to ask
     /// (no disk tier, caching off for the request, or memory holds them all).
-    fn disk_lookup(&self, req: &TokenizedRequest) -> Option<(LookupRun, usize)> {
+    fn disk_lookup(&self, req: &Prepared) -> Option<(LookupRun, usize)> {
         self.store.as_ref()?;
         let prefix = self.scheduler.prefix_caching()?;
         // A prompt being scored (`echo` with `logprobs`) reads nothing from the cache.
@@ -201,7 +202,7 @@ impl SchedulerActor {
     }
 
     /// Queues `req` and runs a step.
-    fn submit(&mut self, req: TokenizedRequest, ctx: &mut Context<Self>) {
+    fn submit(&mut self, req: Prepared, ctx: &mut Context<Self>) {
         if req.cancel.is_cancelled() {
             self.post().end_cancelled(Sequence::new(req, 0));
             return;
@@ -237,11 +238,11 @@ impl SchedulerActor {
         );
     }
 
-    /// The post-step over this loop's policy and tokenizer.
+    /// The post-step over this loop's policy and vocabulary.
     fn post(&mut self) -> PostStep<'_> {
         PostStep {
             scheduler: &mut self.scheduler,
-            tokenizer: &self.tokenizer,
+            vocab: self.vocab.as_ref(),
         }
     }
 

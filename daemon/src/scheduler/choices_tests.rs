@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::block_manager::BlockManager;
 use super::policy::{PrefixCaching, Scheduler, SchedulerLimits};
-use super::sequence::TokenizedRequest;
+use super::sequence::Prepared;
 use crate::prefix_store::{DiskCounters, ModelFingerprint};
 use crate::request::{CancelFlag, EventReceiver, SamplingParams, SeqId, StreamEvent};
 use crate::sampling::{Sampled, SamplerChain};
@@ -43,10 +43,10 @@ fn params(n: usize, echo: bool) -> SamplingParams {
     }
 }
 
-fn request(id: SeqId, prompt_len: u32, p: SamplingParams) -> (TokenizedRequest, EventReceiver) {
+fn request(id: SeqId, prompt_len: u32, p: SamplingParams) -> (Prepared, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let forks = (1..p.n).map(|_| SamplerChain::new(&p, &[])).collect();
-    let req = TokenizedRequest {
+    let req = Prepared {
         channels: Default::default(),
         seq: id,
         client_id: format!("r{}", id.0),

@@ -30,7 +30,7 @@ pub use echo::PromptEcho;
 pub use load::EngineLoad;
 pub use placement::{Placer, Replica};
 pub use policy::{PrefixCaching, Scheduler, SchedulerLimits};
-pub use sequence::{DiskHit, Sequence, TokenizedRequest};
+pub use sequence::{Prepared, Sequence};
 pub use speculative::Speculation;
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use actix::Addr;
 
-use super::{EngineLoad, SchedulerActor, Submit, TokenizedRequest};
+use super::{EngineLoad, Prepared, SchedulerActor, Submit};
 use crate::adapters::AdapterRegistry;
 use crate::error::{ErrorKind, InferError};
 use crate::kv_events::external_hash;
@@ -97,7 +97,7 @@ impl Placer {
     }
 
     /// Places `req` and hands it to that engine's loop.
-    pub fn submit(&self, mut req: TokenizedRequest) {
+    pub fn submit(&self, mut req: Prepared) {
         let placing = (self.replicas.len() > 1).then(|| {
             self.placing
                 .lock()
@@ -138,7 +138,7 @@ impl Placer {
     }
 
     /// The engine [`choose`] picks for `req`.
-    fn place(&self, req: &TokenizedRequest) -> usize {
+    fn place(&self, req: &Prepared) -> usize {
         let key = req.adapter.as_ref().map(|a| a.key());
         let mut chains: Vec<(ModelFingerprint, usize, Vec<u64>)> = Vec::new();
         let candidates: Vec<Candidate> = self

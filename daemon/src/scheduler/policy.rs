@@ -25,7 +25,7 @@ use crate::prefix_store::{DiskCounters, ModelFingerprint};
 use crate::request::{EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SeqId, SpecStats};
 
 use super::block_manager::BlockManager;
-use super::sequence::{Sequence, TokenizedRequest};
+use super::sequence::{Prepared, Sequence};
 use super::speculative::{RowCost, SpecState, Speculation};
 
 mod fork;
@@ -347,10 +347,7 @@ impl Scheduler {
     /// in the context window or in the whole KV cache (the message names both counts);
     /// `validation` for an empty prompt; `overloaded` when `max_waiting` sequences
     /// already wait. The request is handed back with the error.
-    pub fn submit(
-        &mut self,
-        req: TokenizedRequest,
-    ) -> Result<(), Box<(TokenizedRequest, InferError)>> {
+    pub fn submit(&mut self, req: Prepared) -> Result<(), Box<(Prepared, InferError)>> {
         let ctx = self.limits.context_length;
         let kv_tokens = self.blocks.capacity_tokens();
         let n = req.prompt.len();

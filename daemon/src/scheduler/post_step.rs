@@ -1,5 +1,5 @@
 //! The post-step: what happens to one engine step's output before the next step is
-//! scheduled, as plain code over the [`Scheduler`] and the tokenizer (no actor, no
+//! scheduled, as plain code over the [`Scheduler`] and the vocabulary (no actor, no
 //! messages; unit-tested in `post_step_tests`). For each sequence in the step: the
 //! prompt echo's scores, the commit of its computed tokens, then either the draft
 //! verification or one sampled token per choice (the `n` choices fork from the prompt's
@@ -8,19 +8,19 @@
 
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::StepOutput;
+use crate::request::Vocab;
 use crate::request::{FinishReason, SeqId, StreamEvent};
 use crate::sampling::speculative;
-use crate::tokenizer::TextTokenizer;
 
 use super::policy::Scheduler;
 use super::sequence::{Sequence, TokenOutcome};
 
-/// The post-step over one engine's policy and tokenizer (borrowed for one call).
+/// The post-step over one engine's policy and vocabulary (borrowed for one call).
 pub struct PostStep<'a> {
     /// The policy whose sequences the step computed.
     pub scheduler: &'a mut Scheduler,
     /// For token bytes, pieces and end-of-generation ids.
-    pub tokenizer: &'a TextTokenizer,
+    pub vocab: &'a dyn Vocab,
 }
 
 impl PostStep<'_> {
@@ -123,7 +123,7 @@ impl PostStep<'_> {
             // The prompt is computed: its echo goes first, then the other choices fork
             // and sample from the same row.
             if let Some(echo) = seq.echo.take() {
-                let tok = &self.tokenizer;
+                let tok = self.vocab;
                 let event = echo.event(&seq.prompt, |t| tok.token_bytes(t), |t| tok.token_piece(t));
                 seq.send(event);
             }
@@ -233,11 +233,11 @@ impl PostStep<'_> {
         let token = sampled.token;
         if let Some(lp) = sampled.logprobs.as_mut() {
             for t in std::iter::once(&mut lp.chosen).chain(lp.top.iter_mut()) {
-                t.bytes = self.tokenizer.token_piece(t.token).to_vec();
+                t.bytes = self.vocab.token_piece(t.token).to_vec();
             }
         }
-        let is_eog = self.tokenizer.eog_token_ids().contains(&token);
-        let outcome = match seq.accept_token(sampled, self.tokenizer.token_bytes(token), is_eog) {
+        let is_eog = self.vocab.is_eog(token);
+        let outcome = match seq.accept_token(sampled, self.vocab.token_bytes(token), is_eog) {
             Ok(o) => o,
             Err(e) => {
                 if let Some(s) = self.scheduler.remove_running(id) {

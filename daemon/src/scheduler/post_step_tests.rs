@@ -62,7 +62,7 @@ fn greedy_tokens_stream_and_the_budget_finishes_the_sequence() {
     s.schedule();
     let mut post = PostStep {
         scheduler: &mut s,
-        tokenizer: tok,
+        vocab: tok,
     };
     post.on_step(output(1, Ok(vec![row_for(1234)])));
     assert_eq!(post.scheduler.running_len(), 1);
@@ -70,7 +70,7 @@ fn greedy_tokens_stream_and_the_budget_finishes_the_sequence() {
     post.scheduler.schedule();
     let mut post = PostStep {
         scheduler: &mut s,
-        tokenizer: tok,
+        vocab: tok,
     };
     post.on_step(output(1, Ok(vec![row_for(77)])));
     assert_eq!(post.scheduler.running_len(), 0, "max_tokens = 2 reached");
@@ -99,7 +99,7 @@ fn a_failed_step_ends_only_its_sequence_with_the_runner_error() {
     s.schedule();
     let mut post = PostStep {
         scheduler: &mut s,
-        tokenizer: tokenizer(),
+        vocab: tokenizer(),
     };
     let mut out = output(1, Err(InferError::internal("forward pass failed: oom")));
     out.items.push(ItemOutput {
@@ -127,7 +127,7 @@ fn missing_logits_fail_the_sequence_as_internal() {
     s.schedule();
     PostStep {
         scheduler: &mut s,
-        tokenizer: tokenizer(),
+        vocab: tokenizer(),
     }
     .on_step(output(1, Ok(Vec::new())));
     match events(&mut rx).last() {
@@ -151,7 +151,7 @@ fn fail_all_ends_running_and_waiting_sequences() {
     assert_eq!((s.running_len(), s.waiting_len()), (1, 1));
     PostStep {
         scheduler: &mut s,
-        tokenizer: tokenizer(),
+        vocab: tokenizer(),
     }
     .fail_all(InferError::internal("model runner unavailable"));
     assert_eq!((s.running_len(), s.waiting_len()), (0, 0));

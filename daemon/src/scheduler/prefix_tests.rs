@@ -10,8 +10,9 @@ use tokio::sync::mpsc;
 
 use super::block_manager::BlockManager;
 use super::policy::{PrefixCaching, Scheduler, SchedulerLimits};
-use super::sequence::{DiskHit, TokenizedRequest};
+use super::sequence::Prepared;
 use crate::prefix_store::{DiskCounters, ModelFingerprint};
+use crate::request::DiskHit;
 use crate::request::{CacheOptions, CancelFlag, EventReceiver, SamplingParams, SeqId};
 use crate::sampling::SamplerChain;
 
@@ -32,13 +33,9 @@ pub(super) fn sched(blocks: usize) -> Scheduler {
     })
 }
 
-pub(super) fn request(
-    id: u64,
-    prompt: Vec<u32>,
-    cache: CacheOptions,
-) -> (TokenizedRequest, EventReceiver) {
+pub(super) fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (Prepared, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let req = TokenizedRequest {
+    let req = Prepared {
         channels: Default::default(),
         seq: SeqId(id),
         client_id: format!("r{id}"),
@@ -72,10 +69,7 @@ pub(super) fn prompt(n: u32) -> Vec<u32> {
 /// Submits, schedules one step and commits it; returns (start_pos, tokens run,
 /// block table, blocks handed to the disk tier, cached_tokens).
 #[allow(clippy::type_complexity)]
-pub(super) fn admit(
-    s: &mut Scheduler,
-    req: TokenizedRequest,
-) -> (usize, usize, Vec<u32>, Vec<u32>, usize) {
+pub(super) fn admit(s: &mut Scheduler, req: Prepared) -> (usize, usize, Vec<u32>, Vec<u32>, usize) {
     let id = req.seq;
     s.submit(req).expect("submit");
     let (batch, _) = s.schedule();

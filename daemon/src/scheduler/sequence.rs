@@ -6,9 +6,9 @@ use crate::detokenizer::channels::ChannelOut;
 use crate::detokenizer::{ChannelSpec, Channels, OutputStream};
 use crate::error::InferError;
 use crate::prefix_store::{chain_hash, BlockHash, ModelFingerprint};
+use crate::request::DiskHit;
 use crate::request::{
-    CacheOptions, CancelFlag, EventSender, FinishReason, SamplingParams, SeqId, StreamEvent,
-    Timings, Usage,
+    CancelFlag, EventSender, FinishReason, PreparedRequest, SeqId, StreamEvent, Timings, Usage,
 };
 use crate::sampling::{Sampled, SamplerChain, StepContext, TokenLogprobs};
 
@@ -17,48 +17,8 @@ use super::speculative::{ngram_propose, SpecState, Speculation};
 
 mod fork;
 
-/// A tokenized request on its way from the tokenizer to the scheduler.
-#[derive(Debug)]
-pub struct TokenizedRequest {
-    /// Engine id, chosen by the connection when it accepted the request.
-    pub seq: SeqId,
-    /// The client's id (for logs).
-    pub client_id: String,
-    /// Prompt token ids (template applied, BOS added when the model wants it).
-    pub prompt: Vec<u32>,
-    /// Validated sampling parameters.
-    pub sampling: SamplingParams,
-    /// The request's sampling stage: native processors, its plugin instances
-    /// (configured), the seeded sampler.
-    pub chain: SamplerChain,
-    /// Where events go.
-    pub events: EventSender,
-    /// Set when the client cancels or disconnects.
-    pub cancel: CancelFlag,
-    /// When the connection accepted the request (TTFT is measured from here).
-    pub received_at: Instant,
-    /// Prefix caching for this request (`cache`, `cache_salt`).
-    pub cache: CacheOptions,
-    /// Blocks the disk tier returned for this prompt before it was queued.
-    pub disk_hit: Option<DiskHit>,
-    /// How the output is split into content, reasoning and tool calls.
-    pub channels: ChannelSpec,
-    /// The sampling chains of choices `1..n` (`n > 1`), each seeded with its choice's
-    /// seed; empty for one choice.
-    pub forks: Vec<SamplerChain>,
-    /// The lease on the request's LoRA adapter (`None`: the base model).
-    pub adapter: Option<crate::adapters::AdapterLease>,
-}
-
-/// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block
-/// `first_block + j` in [`crate::model::KvBlockPool::read_block`] layout.
-#[derive(Debug, Clone, Default)]
-pub struct DiskHit {
-    /// Index of the first block in the prompt.
-    pub first_block: usize,
-    /// One payload per block.
-    pub blocks: Vec<Vec<u8>>,
-}
+/// A prepared request as the scheduler takes it: its chains are [`SamplerChain`]s.
+pub type Prepared = PreparedRequest<SamplerChain>;
 
 /// Prefix-cache state of one sequence.
 #[derive(Debug)]
@@ -174,14 +134,14 @@ struct PendingFork {
 impl Sequence {
     /// Builds the sequence state for `req` with the given generation budget, without
     /// prefix caching.
-    pub fn new(req: TokenizedRequest, max_new_tokens: usize) -> Self {
+    pub fn new(req: Prepared, max_new_tokens: usize) -> Self {
         Self::with_cache(req, max_new_tokens, None)
     }
 
     /// Builds the sequence state; with `fingerprint`, the sequence uses the prefix
     /// cache if its request allows it.
     pub fn with_cache(
-        req: TokenizedRequest,
+        req: Prepared,
         max_new_tokens: usize,
         fingerprint: Option<&ModelFingerprint>,
     ) -> Self {

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::block_manager::BlockManager;
 use super::policy::{Scheduler, SchedulerLimits};
-use super::sequence::TokenizedRequest;
+use super::sequence::Prepared;
 use super::speculative::Speculation;
 use crate::model_runner::RunBatch;
 use crate::request::{CancelFlag, EventReceiver, SamplingParams, SeqId};
@@ -33,9 +33,9 @@ fn params(max_tokens: usize) -> SamplingParams {
 }
 
 /// A request whose prompt repeats `1 2 3 4 5 6 7 8` (so the lookup always matches).
-fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (TokenizedRequest, EventReceiver) {
+fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (Prepared, EventReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let req = TokenizedRequest {
+    let req = Prepared {
         channels: Default::default(),
         seq: SeqId(id),
         client_id: format!("r{id}"),

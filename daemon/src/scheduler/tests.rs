@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 
 use super::block_manager::{BlockManager, OutOfBlocks};
 use super::policy::{Scheduler, SchedulerLimits};
-use super::sequence::{TokenOutcome, TokenizedRequest};
+use super::sequence::{Prepared, TokenOutcome};
 use crate::error::ErrorKind;
 use crate::request::{CancelFlag, EventReceiver, FinishReason, SamplingParams, SeqId, StreamEvent};
 use crate::sampling::{Sampled, SamplerChain};
@@ -44,10 +44,10 @@ pub(super) fn request(
     id: u64,
     prompt_len: usize,
     max_tokens: usize,
-) -> (TokenizedRequest, EventReceiver, CancelFlag) {
+) -> (Prepared, EventReceiver, CancelFlag) {
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = CancelFlag::new();
-    let req = TokenizedRequest {
+    let req = Prepared {
         channels: Default::default(),
         seq: SeqId(id),
         client_id: format!("r{id}"),
@@ -189,7 +189,7 @@ fn cancelled_sequences_leave_and_running_ones_are_freed_next_step() {
 fn finishing_streams_the_rest_and_reports_usage() {
     let mut s = sched(1, 10, 100);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let req = TokenizedRequest {
+    let req = Prepared {
         channels: Default::default(),
         seq: SeqId(1),
         client_id: "r".into(),

@@ -19,7 +19,7 @@ use crate::sampling::reasoning_gate::ReasoningGate;
 use crate::sampling::tool_grammar::tool_call_grammar;
 use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SetupPlugins};
 use crate::sampling::SamplerChain;
-use crate::scheduler::{Placer, TokenizedRequest};
+use crate::scheduler::{Placer, Prepared};
 
 use super::TextTokenizer;
 
@@ -227,7 +227,7 @@ impl Handler<Prepare> for TokenizerActor {
         });
         match prepared {
             Ok((prompt, chain, forks)) => {
-                let req = TokenizedRequest {
+                let req = Prepared {
                     seq: msg.seq,
                     client_id: msg.request.client_id,
                     prompt: prompt.ids,

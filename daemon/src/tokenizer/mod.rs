@@ -669,3 +669,27 @@ impl TextTokenizer {
         }
     }
 }
+
+impl crate::request::Vocab for TextTokenizer {
+    fn vocab_size(&self) -> usize {
+        TextTokenizer::vocab_size(self)
+    }
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        TextTokenizer::token_bytes(self, id)
+    }
+    fn token_piece(&self, id: u32) -> &[u8] {
+        TextTokenizer::token_piece(self, id)
+    }
+    fn is_control(&self, id: u32) -> bool {
+        TextTokenizer::is_control(self, id)
+    }
+    fn bos_token_id(&self) -> Option<u32> {
+        TextTokenizer::bos_token_id(self)
+    }
+    fn eos_token_id(&self) -> Option<u32> {
+        TextTokenizer::eos_token_id(self)
+    }
+    fn eog_token_ids(&self) -> &[u32] {
+        TextTokenizer::eog_token_ids(self)
+    }
+}

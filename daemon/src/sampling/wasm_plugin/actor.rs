@@ -9,7 +9,7 @@ use actix::{Actor, Handler, Message, SyncContext};
 
 use super::PluginRegistry;
 use crate::request::{PluginSpec, StreamEvent};
-use crate::scheduler::{Placer, TokenizedRequest};
+use crate::scheduler::{Placer, Prepared};
 
 /// Threads of the plugin set-up pool.
 pub const SETUP_THREADS: usize = 2;
@@ -21,7 +21,7 @@ pub const SETUP_THREADS: usize = 2;
 #[rtype(result = "()")]
 pub struct SetupPlugins {
     /// The tokenized request (its chain has no plugins until set up here).
-    pub request: TokenizedRequest,
+    pub request: Prepared,
     /// The request's plugin list, in order.
     pub specs: Vec<PluginSpec>,
 }

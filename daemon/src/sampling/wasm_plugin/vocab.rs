@@ -1,7 +1,7 @@
 //! The vocabulary as plugins see it through the `host` interface.
 
 use super::bindings::SpecialTokenIds;
-use crate::tokenizer::TextTokenizer;
+use crate::request::Vocab;
 
 /// The vocabulary as plugins see it through the `host` interface.
 #[derive(Debug, Clone)]
@@ -16,7 +16,7 @@ pub struct PluginVocab {
 impl PluginVocab {
     /// The vocabulary of `tok`: each token's llama.cpp piece (`token_to_piece` with
     /// `special = true`: control tokens give their text), and its special ids.
-    pub fn from_tokenizer(tok: &TextTokenizer) -> Self {
+    pub fn from_vocab(tok: &dyn Vocab) -> Self {
         let n = tok.vocab_size() as u32;
         let pieces = (0..n).map(|id| tok.token_piece(id).to_vec());
         let control = (0..n).filter(|&id| tok.is_control(id)).collect();
