@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::gguf_file;
 use inferd::request::{ConstraintSpec, SamplingParams};
+use inferd::sampling::build::grammar_vocabulary;
 use inferd::sampling::constraint::GrammarCompiler;
 use inferd::sampling::{SamplerChain, StepContext};
-use inferd::tokenizer::actor::grammar_vocabulary;
 use inferd::tokenizer::TextTokenizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

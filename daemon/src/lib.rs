@@ -1,7 +1,8 @@
 //! inferd: an LLM inference daemon.
 //!
 //! Data flows one way (see `README.md`, Layout):
-//! `server` → `api` (validation) → `engine` (the handle) → `tokenizer` → `scheduler` → `model_runner` (`model`)
+//! `server` → `api` (validation) → `engine` (the handle) → `prepare` (template, ids, chains;
+//! the only `Submit`) → `scheduler` → `model_runner` (`model`)
 //! → `sampling` → `detokenizer` → the request's own event channel → client.
 
 pub mod adapters;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_runner;
 pub mod prefix_store;
+pub mod prepare;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;

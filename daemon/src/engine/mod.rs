@@ -1,8 +1,8 @@
 //! The engines: one model served by one engine, or by several (`[[engines]]`: each its
 //! own device, compute team, runner, KV pool, scheduler loop and prefix-store
 //! directory), behind the cheap-clone [`Engine`] handle that `server/` holds (it never
-//! sees an actor address). One prepare stage (tokenizer pools, plugins) serves every
-//! engine and hands each request to the placer ([`crate::scheduler::Placer`]).
+//! sees an actor address). One prepare stage (its pools and the plugin pool) serves every
+//! engine and hands each request to the placer ([`crate::prepare::Placer`]).
 //! [`load_all`] builds the parts on a loading thread, [`start`] starts the actors
 //! inside the actix system and returns the handle.
 //!
@@ -25,12 +25,11 @@ use actix::Addr;
 use crate::adapters::AdapterLease;
 use crate::api::SamplingDefaults;
 use crate::error::{ErrorKind, InferError};
+use crate::prepare::{Decode, Encode, Placer, Prepare, PrepareActor};
 use crate::request::EngineStats;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, SeqId};
 use crate::sampling::wasm_plugin::PluginRegistry;
-use crate::scheduler::{Cancel, GetStats, Placer};
-use crate::tokenizer::actor::{Decode, Encode, Prepare};
-use crate::tokenizer::TokenizerActor;
+use crate::scheduler::{Cancel, GetStats};
 
 pub(crate) use build::load_plugins;
 pub use build::{load, load_all, Loaded};
@@ -48,11 +47,11 @@ pub type SharedPlugins = Arc<RwLock<Arc<PluginRegistry>>>;
 /// [`Engine::tokenize`] and [`Engine::detokenize`].
 #[derive(Clone)]
 pub struct Engine {
-    /// Tokenizer stage (first stage of the pipeline), for generate requests.
-    tokenizer: Addr<TokenizerActor>,
-    /// A separate tokenizer pool for `tokenize`/`detokenize` messages, so that a flood
-    /// of them never delays generate requests.
-    utility_tokenizer: Addr<TokenizerActor>,
+    /// The prepare pool (first stage of the pipeline), for generate requests.
+    prepare: Addr<PrepareActor>,
+    /// A separate one-thread prepare pool for `tokenize`/`detokenize` messages, so
+    /// that a flood of them never delays generate requests.
+    utility: Addr<PrepareActor>,
     /// The engines' scheduler loops, behind the placer.
     placer: Arc<Placer>,
     /// Defaults for absent sampling fields (reloaded on SIGHUP).
@@ -86,7 +85,7 @@ impl Engine {
         events: EventSender,
         cancel: CancelFlag,
     ) {
-        self.tokenizer.do_send(Prepare {
+        self.prepare.do_send(Prepare {
             seq,
             request,
             adapter,
@@ -150,12 +149,12 @@ impl Engine {
     }
 
     /// Token ids of `text` (`special`: special-token text maps to control ids), on the
-    /// utility tokenizer pool so that a flood of these never delays generation.
+    /// utility prepare pool so that a flood of these never delays generation.
     ///
     /// # Errors
     /// The tokenizer's own (bad input), or `internal` when the pool is gone.
     pub async fn tokenize(&self, text: String, special: bool) -> Result<Vec<u32>, InferError> {
-        self.utility_tokenizer
+        self.utility
             .send(Encode { text, special })
             .await
             .map_err(tokenizer_unavailable)?
@@ -165,9 +164,9 @@ impl Engine {
     /// tokens are skipped.
     ///
     /// # Errors
-    /// `internal` when the utility tokenizer pool is gone.
+    /// `internal` when the utility prepare pool is gone.
     pub async fn detokenize(&self, token_ids: Vec<u32>) -> Result<String, InferError> {
-        self.utility_tokenizer
+        self.utility
             .send(Decode { token_ids })
             .await
             .map_err(tokenizer_unavailable)

@@ -1,7 +1,7 @@
 //! Starting the engines' actors (inside the actix system) on what
 //! [`super::build::load_all`] built. Each engine gets its own prefix-store writer and
 //! reader, model runner (on its own compute team when there are several) and
-//! scheduler loop on an arbiter of its own; one prepare stage (tokenizer pools and the
+//! scheduler loop on an arbiter of its own; one prepare stage (the prepare pools and the
 //! plugin setup pool) serves them all and hands each prepared request to the
 //! [`Placer`]. The result is the [`Engine`] handle the server holds.
 
@@ -15,13 +15,13 @@ use super::{Engine, SharedPlugins};
 use crate::config::Settings;
 use crate::model_runner::ModelRunnerActor;
 use crate::prefix_store::{PersistSink, PrefixReadActor, PrefixStoreActor};
-use crate::sampling::wasm_plugin::actor::{PluginSetupActor, SETUP_THREADS};
+use crate::prepare::plugins::{PluginSetupActor, SETUP_THREADS};
+use crate::prepare::{Placer, PrepareActor, Replica};
 use crate::sampling::wasm_plugin::PluginVocab;
 use crate::scheduler::{
-    BlockManager, EngineLoad, Placer, Replica, Scheduler, SchedulerActor, SchedulerLimits,
-    Speculation,
+    BlockManager, EngineLoad, Scheduler, SchedulerActor, SchedulerLimits, Speculation,
 };
-use crate::tokenizer::{TextTokenizer, TokenizerActor};
+use crate::tokenizer::TextTokenizer;
 
 /// Started engines: the handle, and what shutdown and reload need besides.
 pub struct Started {
@@ -72,37 +72,37 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
     }
     let placer = Arc::new(Placer::new(replicas));
     let plugins: SharedPlugins = Arc::new(RwLock::new(Arc::new(plugins)));
-    let (tok, placer_for_tok, placer_for_util) =
-        (tokenizer.clone(), placer.clone(), placer.clone());
-    let (plugins_for_setup, placer_for_setup) = (plugins.clone(), placer.clone());
-    let plugin_setup = SyncArbiter::start(SETUP_THREADS, move || {
-        PluginSetupActor::new(plugins_for_setup.clone(), placer_for_setup.clone())
-    });
-    let setup_for_tok = plugin_setup.clone();
     let grammars = Arc::new(crate::sampling::constraint::LazyCompiler::default());
-    let grammars_for_util = grammars.clone();
-    let tokenizer_addr = SyncArbiter::start(settings.tokenizer.threads, move || {
-        TokenizerActor::new(
-            tok.clone(),
-            placer_for_tok.clone(),
-            setup_for_tok.clone(),
-            grammars.clone(),
-        )
-    });
-    let tok_util = tokenizer.clone();
-    let utility_tokenizer = SyncArbiter::start(1, move || {
-        TokenizerActor::new(
-            tok_util.clone(),
-            placer_for_util.clone(),
+    let plugin_setup = {
+        let (plugins, placer, grammars) = (plugins.clone(), placer.clone(), grammars.clone());
+        let vocab: Arc<dyn crate::request::Vocab> = tokenizer.clone();
+        SyncArbiter::start(SETUP_THREADS, move || {
+            PluginSetupActor::new(
+                plugins.clone(),
+                vocab.clone(),
+                grammars.clone(),
+                placer.clone(),
+            )
+        })
+    };
+    let pool = |threads: usize| {
+        let (tok, placer, setup, grammars) = (
+            tokenizer.clone(),
+            placer.clone(),
             plugin_setup.clone(),
-            grammars_for_util.clone(),
-        )
-    });
+            grammars.clone(),
+        );
+        SyncArbiter::start(threads, move || {
+            PrepareActor::new(tok.clone(), placer.clone(), setup.clone(), grammars.clone())
+        })
+    };
+    let prepare = pool(settings.tokenizer.threads);
+    let utility = pool(1);
     let created = crate::server::unix_now();
     Started {
         engine: Engine {
-            tokenizer: tokenizer_addr,
-            utility_tokenizer,
+            prepare,
+            utility,
             placer,
             defaults: effective_sampling(settings, &tokenizer),
             vocab_size: tokenizer.vocab_size(),

@@ -4,7 +4,7 @@
 //! [`GrammarCompiler`] holds llguidance's token trie over this model's vocabulary,
 //! built once (lazily, on the first constrained request) from our own token bytes —
 //! not from `toktrie_hf_tokenizers`, which pins another `tokenizers` version.
-//! Compiling a grammar happens when the request is prepared, on the tokenizer pool,
+//! Compiling a grammar happens when the request is prepared, on the prepare pool,
 //! never on the engine loop.
 
 use std::time::{Duration, Instant};
@@ -217,7 +217,7 @@ impl GrammarCompiler {
     }
 }
 
-/// A [`GrammarCompiler`] built on first use and shared by the tokenizer pool (building
+/// A [`GrammarCompiler`] built on first use and shared by the prepare pool (building
 /// the token trie of a 262k vocabulary takes a moment; unconstrained daemons never pay).
 #[derive(Debug, Default)]
 pub struct LazyCompiler {

@@ -4,7 +4,8 @@
 //!   (`apply`, `accept`, `rollback`); [`context`]: the [`StepContext`] it sees.
 //! - [`chain`]: [`SamplerChain`], one per request, built before it is queued: native
 //!   processors ([`penalties`], [`logit_bias`]), then the Wasm plugins, then the draw;
-//!   a step returns [`Sampled`] (the token, with [`logprobs`] when asked);
+//!   a step returns [`Sampled`] (the token, with [`logprobs`] when asked); [`build`]:
+//!   `SamplerChain::build`, a request's chains (grammar, reasoning gate, plugins);
 //!   [`constraint`]: structured output through llguidance.
 //! - [`processors`]: native truncation (top-k, top-p, min-p, temperature) and the
 //!   inverse-CDF draw, in llama.cpp's semantics; [`sampler`]: [`Sampler`], with its own
@@ -12,6 +13,7 @@
 //! - [`wasm_plugin`]: user logits processors and samplers as sandboxed WebAssembly
 //!   components.
 
+pub mod build;
 pub mod chain;
 pub mod constraint;
 pub mod context;

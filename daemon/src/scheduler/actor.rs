@@ -32,7 +32,7 @@ use crate::request::EngineStats;
 #[rtype(result = "()")]
 pub struct AdapterLoaded;
 
-/// Queue a tokenized request (from the tokenizer stage).
+/// Queue a prepared request (sent by `prepare/` only).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Submit(pub Prepared);

@@ -2,7 +2,7 @@
 //! upgrades to a WebSocket session (protocol v1, `docs/protocol.md`) and the other
 //! routes are the browser chat page, health, readiness, metrics and the
 //! OpenAI-compatible API (`docs/http-api.md`). No inference logic lives here: requests
-//! are validated through `api`, handed to the tokenizer stage, and each request's events
+//! are validated through `api`, handed to the prepare stage, and each request's events
 //! are forwarded back.
 //!
 //! Every accepted TCP connection holds a slot under `server.max_connections` until its

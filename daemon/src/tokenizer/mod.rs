@@ -10,8 +10,9 @@
 //! `tokenizer_config.json` and `generation_config.json` ([`hf`], [`hf_config`]).
 //! Chat messages are rendered with the model's Jinja template ([`chat_template`]);
 //! special-token text typed inside message content stays plain text.
+//!
+//! Pure: no actor and no address. The prepare stage (`prepare/`) calls it on its pool.
 
-pub mod actor;
 mod chat;
 pub mod chat_template;
 pub mod gguf;
@@ -37,7 +38,6 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 
-pub use actor::TokenizerActor;
 pub use chat::ChatPrompt;
 pub use chat_template::{ChatTemplate, RenderedPrompt, TemplateExtras};
 pub use gguf::PreTokenizerKind;

@@ -6,8 +6,8 @@
 //!   `plugins.dir` once with Cranelift (or loads it from the [`CompileCache`]), checks
 //!   its imports (`inferd:plugin/*`, and the WASI 0.2 interfaces of `wasi`) and its
 //!   world, links it into an `InstancePre`, and reads its `info`.
-//! - Per request: [`PluginRegistry::instantiate`] (called by [`actor::PluginSetupActor`],
-//!   a pool between the tokenizer and the scheduler) builds a [`PluginChain`]: one
+//! - Per request: [`PluginRegistry::instantiate`] (called by `SamplerChain::build` on
+//!   the prepare stage's plugin pool, `prepare::plugins`) builds a [`PluginChain`]: one
 //!   `Store` and instance per named plugin (so plugin globals are per-request state),
 //!   `configure`d with the request's JSON config and seed. Dropping the chain drops the
 //!   instances.
@@ -18,7 +18,7 @@
 //! deny-by-default WASI), `instance` (one store and its exports; trap messages),
 //! `chain` (the per-step calls), `host` (the `host` imports),
 //! `vocab`, `limits`, `ticker` (epoch deadlines), `edit` (applying a `logits-edit`),
-//! `actor` (the set-up pool), `bindings` (the generated WIT bindings).
+//! `bindings` (the generated WIT bindings).
 //!
 //! Sandbox (the pattern of wasmtime's `examples/component` and Spin's host): no WASI
 //! for components that do not import it, a WASI that grants nothing for those that do
@@ -30,7 +30,6 @@
 //! [`ErrorKind::PluginTrap`] error that names the plugin and the cause, and fails only
 //! the request that owns the instance.
 
-pub mod actor;
 mod bindings;
 mod chain;
 mod compile_cache;

@@ -23,13 +23,13 @@ use std::sync::Arc;
 
 use actix::Addr;
 
-use super::{EngineLoad, Prepared, SchedulerActor, Submit};
 use crate::adapters::AdapterRegistry;
 use crate::error::{ErrorKind, InferError};
 use crate::kv_events::external_hash;
 use crate::prefix_store::hash::extend_hashes;
 use crate::prefix_store::{root_hash_with, ModelFingerprint};
 use crate::request::StreamEvent;
+use crate::scheduler::{EngineLoad, Prepared, SchedulerActor, Submit};
 
 /// One engine as the placer sees it.
 pub struct Replica {
@@ -74,11 +74,12 @@ pub fn choose(c: &[Candidate]) -> usize {
         .unwrap_or(0)
 }
 
-/// Sends prepared requests to the engines' scheduler loops: the only way in.
+/// Sends prepared requests to the engines' scheduler loops: the only way in (the
+/// prepare pools hold it; nothing else sends `Submit`).
 pub struct Placer {
     replicas: Vec<Replica>,
     /// Held from a choice until it is counted, so that requests prepared at once on
-    /// several tokenizer threads see each other's placements.
+    /// several prepare threads see each other's placements.
     placing: std::sync::Mutex<()>,
 }
 

@@ -1,0 +1,168 @@
+//! [`PrepareActor`]: the prepare pool. Renders templates and tokenizes prompts, builds
+//! the request's sampling chains and hands it to the [`Placer`] (or, when it names
+//! plugins, to the plugin pool first); also answers the `tokenize` / `detokenize`
+//! messages.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::{Actor, Addr, Handler, Message, SyncContext};
+
+use super::placement::Placer;
+use super::plugins::{PluginSetupActor, SetupPlugins};
+use super::prompt::{render, Prompt};
+use crate::error::InferError;
+use crate::request::{CancelFlag, EventSender, GenerateRequest, SeqId, StreamEvent};
+use crate::sampling::build::ChainParts;
+use crate::sampling::constraint::LazyCompiler;
+use crate::sampling::SamplerChain;
+use crate::scheduler::Prepared;
+use crate::tokenizer::TextTokenizer;
+
+/// Prepare a validated generate request and submit it. Failures (template errors, bad
+/// input, a schema that does not compile) go to the request's event channel as
+/// `error`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Prepare {
+    /// The engine id chosen by the connection.
+    pub seq: SeqId,
+    /// The validated request.
+    pub request: GenerateRequest,
+    /// The request's event channel.
+    pub events: EventSender,
+    /// The request's cancel flag.
+    pub cancel: CancelFlag,
+    /// When the connection accepted it.
+    pub received_at: Instant,
+    /// The lease on the request's LoRA adapter (`None`: the base model).
+    pub adapter: Option<crate::adapters::AdapterLease>,
+}
+
+impl Prepare {
+    /// The request as the scheduler takes it, with its prompt and its chains (choice 0
+    /// first; at least one).
+    pub(super) fn into_prepared(self, prompt: Prompt, chains: Vec<SamplerChain>) -> Prepared {
+        let mut chains = chains.into_iter();
+        let chain = chains
+            .next()
+            .unwrap_or_else(|| SamplerChain::new(&self.request.sampling, &[]));
+        Prepared {
+            seq: self.seq,
+            client_id: self.request.client_id,
+            prompt: prompt.ids,
+            channels: prompt.channels,
+            chain,
+            sampling: self.request.sampling,
+            events: self.events,
+            cancel: self.cancel,
+            received_at: self.received_at,
+            cache: self.request.cache,
+            disk_hit: None,
+            forks: chains.collect(),
+            adapter: self.adapter,
+        }
+    }
+}
+
+/// Tokenize text (the `tokenize` message).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Vec<u32>, InferError>")]
+pub struct Encode {
+    /// The text.
+    pub text: String,
+    /// Whether special-token text maps to control ids.
+    pub special: bool,
+}
+
+/// Detokenize ids (the `detokenize` message); control tokens are skipped.
+#[derive(Debug, Message)]
+#[rtype(result = "String")]
+pub struct Decode {
+    /// Token ids, each already checked to be `< vocab_size`.
+    pub token_ids: Vec<u32>,
+}
+
+/// The prepare stage. Start with `SyncArbiter::start(n, ..)`.
+pub struct PrepareActor {
+    tokenizer: Arc<TextTokenizer>,
+    placer: Arc<Placer>,
+    plugin_setup: Addr<PluginSetupActor>,
+    grammars: Arc<LazyCompiler>,
+}
+
+impl PrepareActor {
+    /// A prepare worker that submits through `placer`, or hands requests that name
+    /// plugins to `plugin_setup`.
+    pub fn new(
+        tokenizer: Arc<TextTokenizer>,
+        placer: Arc<Placer>,
+        plugin_setup: Addr<PluginSetupActor>,
+        grammars: Arc<LazyCompiler>,
+    ) -> Self {
+        Self {
+            tokenizer,
+            placer,
+            plugin_setup,
+            grammars,
+        }
+    }
+}
+
+impl Actor for PrepareActor {
+    type Context = SyncContext<Self>;
+}
+
+impl Handler<Prepare> for PrepareActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
+        let prompt = match render(&self.tokenizer, &msg.request) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = msg.events.send(StreamEvent::Error(e));
+                return;
+            }
+        };
+        if !msg.request.plugins.is_empty() {
+            // Built on the plugin pool, with their instances.
+            self.plugin_setup.do_send(SetupPlugins {
+                prepare: msg,
+                prompt,
+            });
+            return;
+        }
+        let parts = ChainParts {
+            vocab: self.tokenizer.as_ref(),
+            grammars: &self.grammars,
+            tools: msg.request.tools.as_ref(),
+            tool_format: prompt.tool_format,
+            channels: &prompt.channels,
+            plugins: None,
+        };
+        match SamplerChain::build(&msg.request.sampling, &parts) {
+            Ok(chains) => self.placer.submit(msg.into_prepared(prompt, chains)),
+            Err(e) => {
+                let _ = msg.events.send(StreamEvent::Error(e));
+            }
+        }
+    }
+}
+
+impl Handler<Encode> for PrepareActor {
+    type Result = Result<Vec<u32>, InferError>;
+
+    fn handle(&mut self, msg: Encode, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.tokenizer
+            .encode(&msg.text, msg.special)
+            .map_err(|e| InferError::validation(format!("text: {e}")))
+    }
+}
+
+impl Handler<Decode> for PrepareActor {
+    type Result = String;
+
+    fn handle(&mut self, msg: Decode, _ctx: &mut SyncContext<Self>) -> String {
+        self.tokenizer.decode(&msg.token_ids)
+    }
+}
