@@ -243,6 +243,7 @@ impl SchedulerActor {
         PostStep {
             scheduler: &mut self.scheduler,
             vocab: self.vocab.as_ref(),
+            load: self.load.as_deref(),
         }
     }
 

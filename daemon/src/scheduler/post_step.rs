@@ -21,6 +21,10 @@ pub struct PostStep<'a> {
     pub scheduler: &'a mut Scheduler,
     /// For token bytes, pieces and end-of-generation ids.
     pub vocab: &'a dyn Vocab,
+    /// What the loop reports to the placer of several engines (`None`: one engine).
+    /// A finishing sequence's blocks leave the reported load before its client sees
+    /// the end, so a follow-up request is never placed against a load already gone.
+    pub load: Option<&'a super::EngineLoad>,
 }
 
 impl PostStep<'_> {
@@ -28,6 +32,9 @@ impl PostStep<'_> {
     pub fn finish(&self, mut seq: Sequence, reason: FinishReason) {
         // The adapter is free for unloading once the client sees the end.
         seq.adapter = None;
+        if let Some(load) = self.load {
+            load.set_active(self.scheduler.load_blocks());
+        }
         let t = seq.finish(reason);
         tracing::info!(
             id = %seq.client_id,

@@ -63,6 +63,7 @@ fn greedy_tokens_stream_and_the_budget_finishes_the_sequence() {
     let mut post = PostStep {
         scheduler: &mut s,
         vocab: tok,
+        load: None,
     };
     post.on_step(output(1, Ok(vec![row_for(1234)])));
     assert_eq!(post.scheduler.running_len(), 1);
@@ -71,6 +72,7 @@ fn greedy_tokens_stream_and_the_budget_finishes_the_sequence() {
     let mut post = PostStep {
         scheduler: &mut s,
         vocab: tok,
+        load: None,
     };
     post.on_step(output(1, Ok(vec![row_for(77)])));
     assert_eq!(post.scheduler.running_len(), 0, "max_tokens = 2 reached");
@@ -100,6 +102,7 @@ fn a_failed_step_ends_only_its_sequence_with_the_runner_error() {
     let mut post = PostStep {
         scheduler: &mut s,
         vocab: tokenizer(),
+        load: None,
     };
     let mut out = output(1, Err(InferError::internal("forward pass failed: oom")));
     out.items.push(ItemOutput {
@@ -128,6 +131,7 @@ fn missing_logits_fail_the_sequence_as_internal() {
     PostStep {
         scheduler: &mut s,
         vocab: tokenizer(),
+        load: None,
     }
     .on_step(output(1, Ok(Vec::new())));
     match events(&mut rx).last() {
@@ -152,6 +156,7 @@ fn fail_all_ends_running_and_waiting_sequences() {
     PostStep {
         scheduler: &mut s,
         vocab: tokenizer(),
+        load: None,
     }
     .fail_all(InferError::internal("model runner unavailable"));
     assert_eq!((s.running_len(), s.waiting_len()), (0, 0));
@@ -160,4 +165,27 @@ fn fail_all_ends_running_and_waiting_sequences() {
             matches!(events(rx).last(), Some(StreamEvent::Error(e)) if e.message == "model runner unavailable")
         );
     }
+}
+
+/// With several engines, a finishing sequence's blocks leave the load the placer reads
+/// before its client sees `done`, so the client's next turn is placed against the
+/// engine's real load (not the finished request's blocks).
+#[test]
+fn a_finished_sequence_leaves_the_reported_load_before_its_done_event() {
+    let tok = tokenizer();
+    let load = super::EngineLoad::default();
+    let mut s = sched(4, 10, 100);
+    let (r, mut rx, _c) = request(1, 7, 1);
+    s.submit(r).expect("submit");
+    s.schedule();
+    load.set_active(s.load_blocks());
+    assert_eq!(load.load(), 2, "7 prompt tokens in blocks of 4");
+    let mut post = PostStep {
+        scheduler: &mut s,
+        vocab: tok,
+        load: Some(&load),
+    };
+    post.on_step(output(1, Ok(vec![row_for(1234)])));
+    assert!(matches!(events(&mut rx).last(), Some(StreamEvent::Done { .. })));
+    assert_eq!(load.load(), 0);
 }
