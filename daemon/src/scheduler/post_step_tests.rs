@@ -186,6 +186,9 @@ fn a_finished_sequence_leaves_the_reported_load_before_its_done_event() {
         load: Some(&load),
     };
     post.on_step(output(1, Ok(vec![row_for(1234)])));
-    assert!(matches!(events(&mut rx).last(), Some(StreamEvent::Done { .. })));
+    assert!(matches!(
+        events(&mut rx).last(),
+        Some(StreamEvent::Done { .. })
+    ));
     assert_eq!(load.load(), 0);
 }
