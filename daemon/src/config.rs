@@ -16,11 +16,13 @@ use crate::model::{Kernels, Quantize};
 mod engines;
 mod kv_events;
 mod lora;
+mod media;
 mod server;
 mod speculative;
 pub use engines::{EngineConfig, MAX_ENGINES};
 pub use kv_events::{EventEncoding, KvEventsConfig};
 pub use lora::LoraConfig;
+pub use media::MediaConfig;
 pub use server::ServerConfig;
 pub use speculative::{SpecMethod, SpeculativeConfig, MAX_NGRAM, MAX_SPEC_K};
 
@@ -548,6 +550,8 @@ pub struct Settings {
     pub lora: LoraConfig,
     /// KV-cache events for routers.
     pub kv_events: KvEventsConfig,
+    /// Images in chat messages: bounds and local directories.
+    pub media: MediaConfig,
     /// Several engines of the model in one process (`[[engines]]`); empty: one.
     pub engines: Vec<EngineConfig>,
 }
@@ -763,6 +767,7 @@ impl Settings {
         }
         self.speculative.validate()?;
         self.lora.validate()?;
+        self.media.validate()?;
         self.kv_events.validate()?;
         self.validate_engines()?;
         let s = &self.sampling;

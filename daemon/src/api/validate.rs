@@ -687,6 +687,7 @@ fn parse_detokenize(
 }
 
 mod choices;
+mod images;
 mod messages;
 mod scalars;
 mod steering;

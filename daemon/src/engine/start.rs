@@ -15,6 +15,8 @@ use super::{Engine, SharedPlugins};
 use crate::config::Settings;
 use crate::model_runner::ModelRunnerActor;
 use crate::prefix_store::{PersistSink, PrefixReadActor, PrefixStoreActor};
+use crate::prepare::actor::PrepareShared;
+use crate::prepare::media::MediaStep;
 use crate::prepare::plugins::{PluginSetupActor, SETUP_THREADS};
 use crate::prepare::{Placer, PrepareActor, Replica};
 use crate::sampling::wasm_plugin::PluginVocab;
@@ -85,15 +87,16 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
             )
         })
     };
+    let shared = Arc::new(PrepareShared {
+        tokenizer: tokenizer.clone(),
+        model_id: model_id.clone(),
+        grammars,
+        media: MediaStep::new(&settings.media),
+    });
     let pool = |threads: usize| {
-        let (tok, placer, setup, grammars) = (
-            tokenizer.clone(),
-            placer.clone(),
-            plugin_setup.clone(),
-            grammars.clone(),
-        );
+        let (shared, placer, setup) = (shared.clone(), placer.clone(), plugin_setup.clone());
         SyncArbiter::start(threads, move || {
-            PrepareActor::new(tok.clone(), placer.clone(), setup.clone(), grammars.clone())
+            PrepareActor::new(shared.clone(), placer.clone(), setup.clone())
         })
     };
     let prepare = pool(settings.tokenizer.threads);

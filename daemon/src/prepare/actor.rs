@@ -8,11 +8,12 @@ use std::time::Instant;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 
+use super::media::{DecodedImage, MediaStep};
 use super::placement::Placer;
 use super::plugins::{PluginSetupActor, SetupPlugins};
 use super::prompt::{render, Prompt};
 use crate::error::InferError;
-use crate::request::{CancelFlag, EventSender, GenerateRequest, SeqId, StreamEvent};
+use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
 use crate::sampling::build::ChainParts;
 use crate::sampling::constraint::LazyCompiler;
 use crate::sampling::SamplerChain;
@@ -83,28 +84,55 @@ pub struct Decode {
     pub token_ids: Vec<u32>,
 }
 
+/// What every prepare worker reads: the model's tokenizer and id, the grammar
+/// compiler, the media step.
+pub struct PrepareShared {
+    /// The model's tokenizer and chat template.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// The model's id (`/v1/models`), for errors.
+    pub model_id: String,
+    /// Built on first use, shared by the pool.
+    pub grammars: Arc<LazyCompiler>,
+    /// Image reading and decoding under `[media]`.
+    pub media: MediaStep,
+}
+
 /// The prepare stage. Start with `SyncArbiter::start(n, ..)`.
 pub struct PrepareActor {
-    tokenizer: Arc<TextTokenizer>,
+    shared: Arc<PrepareShared>,
     placer: Arc<Placer>,
     plugin_setup: Addr<PluginSetupActor>,
-    grammars: Arc<LazyCompiler>,
 }
 
 impl PrepareActor {
     /// A prepare worker that submits through `placer`, or hands requests that name
     /// plugins to `plugin_setup`.
     pub fn new(
-        tokenizer: Arc<TextTokenizer>,
+        shared: Arc<PrepareShared>,
         placer: Arc<Placer>,
         plugin_setup: Addr<PluginSetupActor>,
-        grammars: Arc<LazyCompiler>,
     ) -> Self {
         Self {
-            tokenizer,
+            shared,
             placer,
             plugin_setup,
-            grammars,
+        }
+    }
+
+    /// The request's images, decoded; refused for this model, which has no vision
+    /// tower: a `validation` error naming the model and the first image part.
+    fn media(&self, request: &GenerateRequest) -> Result<Vec<DecodedImage>, InferError> {
+        let PromptInput::Messages(messages) = &request.input else {
+            return Ok(Vec::new());
+        };
+        let images = self.shared.media.decode_all(messages)?;
+        match images.first() {
+            None => Ok(images),
+            Some(first) => Err(InferError::validation(format!(
+                "{}: model {:?} takes no images (it has no vision tower; docs/vision.md lists \
+                 the models that do)",
+                first.at, self.shared.model_id
+            ))),
         }
     }
 }
@@ -117,7 +145,11 @@ impl Handler<Prepare> for PrepareActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        let prompt = match render(&self.tokenizer, &msg.request) {
+        if let Err(e) = self.media(&msg.request) {
+            let _ = msg.events.send(StreamEvent::Error(e));
+            return;
+        }
+        let prompt = match render(&self.shared.tokenizer, &msg.request) {
             Ok(p) => p,
             Err(e) => {
                 let _ = msg.events.send(StreamEvent::Error(e));
@@ -133,8 +165,8 @@ impl Handler<Prepare> for PrepareActor {
             return;
         }
         let parts = ChainParts {
-            vocab: self.tokenizer.as_ref(),
-            grammars: &self.grammars,
+            vocab: self.shared.tokenizer.as_ref(),
+            grammars: &self.shared.grammars,
             tools: msg.request.tools.as_ref(),
             tool_format: prompt.tool_format,
             channels: &prompt.channels,
@@ -153,7 +185,8 @@ impl Handler<Encode> for PrepareActor {
     type Result = Result<Vec<u32>, InferError>;
 
     fn handle(&mut self, msg: Encode, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        self.tokenizer
+        self.shared
+            .tokenizer
             .encode(&msg.text, msg.special)
             .map_err(|e| InferError::validation(format!("text: {e}")))
     }
@@ -163,6 +196,6 @@ impl Handler<Decode> for PrepareActor {
     type Result = String;
 
     fn handle(&mut self, msg: Decode, _ctx: &mut SyncContext<Self>) -> String {
-        self.tokenizer.decode(&msg.token_ids)
+        self.shared.tokenizer.decode(&msg.token_ids)
     }
 }

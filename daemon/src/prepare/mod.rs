@@ -14,9 +14,13 @@
 //! talks to the scheduler.
 
 pub mod actor;
+pub mod media;
 pub mod placement;
 pub mod plugins;
 pub mod prompt;
+
+#[cfg(test)]
+mod media_tests;
 
 pub use actor::{Decode, Encode, Prepare, PrepareActor};
 pub use placement::{Placer, Replica};

@@ -14,6 +14,7 @@ use crate::error::InferError;
 
 pub mod channels;
 pub mod logprobs;
+pub mod media;
 pub mod prepared;
 pub mod stats;
 pub mod tools;
@@ -21,6 +22,7 @@ pub mod vocab;
 
 pub use channels::{ChannelSpec, ReasoningStart, ToolFormat};
 pub use logprobs::{TokenLogprobs, TopLogprob};
+pub use media::{ImageDetail, ImageInput, ImageSource};
 pub use prepared::{DiskHit, PreparedRequest};
 pub use stats::{EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SpecStats};
 pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};
@@ -70,7 +72,7 @@ impl fmt::Display for SeqId {
 
 /// One chat message after validation. `content` is the concatenation of the text
 /// parts when the client sent a list of parts.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, ...: passed to the template as given.
     pub role: String,
@@ -83,6 +85,8 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// `name` (of a `tool` message's function, or a participant), when given.
     pub name: Option<String>,
+    /// The message's image parts, in order (empty for text).
+    pub images: Vec<ImageInput>,
 }
 
 impl ChatMessage {

@@ -1,14 +1,17 @@
-//! `messages` of a chat `generate`: roles, text content (a string or text parts) and
-//! the tool fields of history turns, each error naming its path (`messages[2].role`).
+//! `messages` of a chat `generate`: roles, content (a string, or text and image parts)
+//! and the tool fields of history turns, each error naming its path
+//! (`messages[2].role`).
 
 use serde_json::Value;
 
+use super::images::parse_image_part;
 use super::{check_fields, optional, quote, tools, VResult};
 use crate::error::InferError;
-use crate::request::ChatMessage;
+use crate::request::{ChatMessage, ImageInput};
 
 const MESSAGE_FIELDS: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
-const PART_FIELDS: &[&str] = &["type", "text"];
+const TEXT_PART_FIELDS: &[&str] = &["type", "text"];
+const IMAGE_PART_FIELDS: &[&str] = &["type", "image_url"];
 
 pub(super) fn parse_messages(v: &Value) -> VResult<Vec<ChatMessage>> {
     let Value::Array(items) = v else {
@@ -60,6 +63,7 @@ fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
         None => Vec::new(),
         Some(v) => tools::parse_message_calls(i, v)?,
     };
+    let mut images = Vec::new();
     let content = match obj.get("content") {
         // An assistant turn that only calls tools has no content.
         None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
@@ -69,10 +73,10 @@ fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
             )))
         }
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parse_parts(i, parts)?,
+        Some(Value::Array(parts)) => parse_parts(i, &role, parts, &mut images)?,
         Some(other) => {
             return Err(InferError::validation(format!(
-                "messages[{i}].content must be a string or an array of text parts (got {})",
+                "messages[{i}].content must be a string or an array of content parts (got {})",
                 quote(other)
             )))
         }
@@ -83,35 +87,53 @@ fn parse_message(i: usize, v: &Value) -> VResult<ChatMessage> {
         tool_calls,
         tool_call_id: tools::message_string(i, obj, "tool_call_id")?,
         name: tools::message_string(i, obj, "name")?,
+        images,
     })
 }
 
-/// Concatenates the texts of `[{"type":"text","text":"..."}, ...]`.
-fn parse_parts(i: usize, parts: &[Value]) -> VResult<String> {
+/// Concatenates the texts of `[{"type":"text","text":"..."}, ...]`; image parts (user
+/// messages only) go to `images`, each at the text offset where it sits.
+fn parse_parts(
+    i: usize,
+    role: &str,
+    parts: &[Value],
+    images: &mut Vec<ImageInput>,
+) -> VResult<String> {
     let mut content = String::new();
     for (j, part) in parts.iter().enumerate() {
         let at = format!("messages[{i}].content[{j}]");
         let Value::Object(obj) = part else {
             return Err(InferError::validation(format!(
-                "{at} must be an object {{\"type\":\"text\",\"text\":...}} (got {})",
+                "{at} must be an object {{\"type\":\"text\",\"text\":...}} or \
+                 {{\"type\":\"image_url\",\"image_url\":{{\"url\":...}}}} (got {})",
                 quote(part)
             )));
         };
-        check_fields(obj, PART_FIELDS, &at)?;
         match obj.get("type") {
             Some(Value::String(t)) if t == "text" => {}
+            Some(Value::String(t)) if t == "image_url" => {
+                if role != "user" {
+                    return Err(InferError::validation(format!(
+                        "{at}: image parts are allowed in user messages only (role {role:?})"
+                    )));
+                }
+                check_fields(obj, IMAGE_PART_FIELDS, &at)?;
+                images.push(parse_image_part(&at, content.len(), obj)?);
+                continue;
+            }
             None => {
                 return Err(InferError::validation(format!(
-                    "{at} is missing field \"type\" (expected \"text\")"
+                    "{at} is missing field \"type\" (expected \"text\" or \"image_url\")"
                 )))
             }
             Some(other) => {
                 return Err(InferError::validation(format!(
-                    "{at}.type must be \"text\" (got {}): only text parts are supported",
+                    "{at}.type must be \"text\" or \"image_url\" (got {})",
                     quote(other)
                 )))
             }
         }
+        check_fields(obj, TEXT_PART_FIELDS, &at)?;
         match obj.get("text") {
             Some(Value::String(t)) => content.push_str(t),
             None => {

@@ -285,11 +285,11 @@ fn messages_rules() {
     );
     invalid(
         chat(json!([{"role": "user", "content": 5}])),
-        "messages[0].content must be a string or an array of text parts (got 5)",
+        "messages[0].content must be a string or an array of content parts (got 5)",
     );
     invalid(
         chat(json!([{"role": "user", "content": null}])),
-        "messages[0].content must be a string or an array of text parts (got null)",
+        "messages[0].content must be a string or an array of content parts (got null)",
     );
 }
 
@@ -322,11 +322,25 @@ fn content_part_rules() {
         chat(
             json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": "x"}]}]),
         ),
-        "unknown field \"image_url\" in messages[0].content[1]",
+        "messages[0].content[1].image_url must be an object",
     );
     invalid(
         chat(json!([{"role": "user", "content": [{"type": "image_url"}]}])),
-        "messages[0].content[0].type must be \"text\" (got \"image_url\")",
+        "messages[0].content[0] is missing field \"image_url\"",
+    );
+    invalid(
+        chat(json!([{"role": "user", "content": [{"type": "input_audio"}]}])),
+        "messages[0].content[0].type must be \"text\" or \"image_url\" (got \"input_audio\")",
+    );
+    invalid(
+        chat(json!([{"role": "system", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}])),
+        "messages[0].content[0]: image parts are allowed in user messages only (role \"system\")",
+    );
+    invalid(
+        chat(json!([{"role": "user", "content": [
+            {"type": "text", "text": "a", "image_url": {"url": "data:image/png;base64,AA=="}}]}])),
+        "unknown field \"image_url\" in messages[0].content[0]",
     );
     invalid(
         chat(json!([{"role": "user", "content": [{"text": "a"}]}])),
