@@ -3,7 +3,7 @@
 //! both edges, while a running stream goes on and the daemon stays up. Decoding's
 //! bounds are unit-tested in `daemon/src/prepare/media_tests.rs`.
 
-use inferd_e2e::{workspace_root, Daemon, HttpResponse};
+use inferd_e2e::{inferd_binary, workspace_root, Daemon, HttpResponse};
 use serde_json::{json, Value};
 
 /// A 1×1 PNG.

@@ -66,6 +66,11 @@ pub struct ChatArgs {
     /// Interactive session: keep the line history in memory only.
     #[arg(long)]
     pub no_history: bool,
+    /// An image sent with QUESTION, as a `data:` URL content part after its text
+    /// (repeatable; PNG, JPEG, WebP or GIF; the model must have a vision tower, see
+    /// the daemon's docs/vision.md).
+    #[arg(long = "image", value_name = "FILE", requires = "question")]
+    pub images: Vec<PathBuf>,
     #[command(flatten)]
     pub options: GenerateOptions,
 }

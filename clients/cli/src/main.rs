@@ -145,7 +145,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Chat(chat) => match chat.question.as_deref() {
             Some(question) => {
-                let input = oneshot::chat_input(chat.system.as_deref(), question);
+                let input = oneshot::chat_input(chat.system.as_deref(), question, &chat.images)?;
                 one_shot(&runtime, &endpoint, input, &chat.options, json)
             }
             None => interactive(&runtime, endpoint, chat, json),

@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 
 use crate::answer::{self, Answer, Render};
 use crate::args::GenerateOptions;
@@ -24,14 +26,27 @@ pub fn render(options: &GenerateOptions, json: bool) -> Render {
 }
 
 /// The chat messages of a one-shot question: the system message when given, then the
-/// question.
-pub fn chat_input(system: Option<&str>, question: &str) -> Input {
+/// question with its images (`--image`, each read and sent as a `data:` URL part).
+///
+/// # Errors
+/// An image file that cannot be read, naming it.
+pub fn chat_input(system: Option<&str>, question: &str, images: &[PathBuf]) -> Result<Input> {
     let mut messages = Vec::new();
     if let Some(system) = system {
         messages.push(request::message("system", system));
     }
-    messages.push(request::message("user", question));
-    Input::Messages(messages)
+    if images.is_empty() {
+        messages.push(request::message("user", question));
+    } else {
+        let mut parts = vec![serde_json::json!({"type": "text", "text": question})];
+        for path in images {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("--image {}: cannot read it", path.display()))?;
+            parts.push(request::image_part(path, &bytes));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": parts}));
+    }
+    Ok(Input::Messages(messages))
 }
 
 /// Connects, sends the request and streams the answer until `done` or `error`. With
@@ -119,7 +134,7 @@ mod tests {
         let options = GenerateOptions::default();
         let answer = run(
             &endpoint(&url),
-            chat_input(None, "2+2?"),
+            chat_input(None, "2+2?", &[]).expect("input"),
             &options,
             Render::Text,
             &mut out,
@@ -208,7 +223,7 @@ mod tests {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let e = run(
             &endpoint(&url),
-            chat_input(None, "hi"),
+            chat_input(None, "hi", &[]).expect("input"),
             &GenerateOptions::default(),
             Render::Text,
             &mut out,

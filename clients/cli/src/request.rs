@@ -19,6 +19,28 @@ pub fn message(role: &str, content: &str) -> Value {
     json!({"role": role, "content": content})
 }
 
+/// An image content part: `bytes` as a base64 `data:` URL, its media type from the
+/// file name's extension (none for an unknown one: the daemon reads the format from
+/// the bytes).
+pub fn image_part(path: &std::path::Path, bytes: &[u8]) -> Value {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let media_type = match ext.as_deref() {
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("webp") => "image/webp",
+        Some("gif") => "image/gif",
+        _ => "",
+    };
+    let url = format!(
+        "data:{media_type};base64,{}",
+        data_encoding::BASE64.encode(bytes)
+    );
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
 /// The `generate` frame with request id `id`. Options left unset are not sent, so the
 /// daemon's defaults apply.
 pub fn generate(id: &str, input: Input, options: &GenerateOptions) -> Value {
@@ -65,6 +87,17 @@ pub fn query(kind: &str, id: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_part_is_a_base64_data_url_typed_by_extension() {
+        let part = image_part(std::path::Path::new("/tmp/Cat.JPG"), b"\xff\xd8\xff");
+        assert_eq!(
+            part,
+            json!({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/"}})
+        );
+        let part = image_part(std::path::Path::new("scan.tiff"), b"II*");
+        assert_eq!(part["image_url"]["url"], "data:;base64,SUkq");
+    }
     use crate::args::{parse, Command};
     use clap::Parser;
 

@@ -17,6 +17,7 @@ pub mod actor;
 pub mod media;
 pub mod placement;
 pub mod plugins;
+pub mod preprocess;
 pub mod prompt;
 
 #[cfg(test)]

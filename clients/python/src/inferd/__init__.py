@@ -24,11 +24,13 @@ from .errors import (
     ValidationError,
 )
 from .events import Delta, Done, Echo, Event, Started, Timings, TokenLogprob, ToolCallDelta, TopLogprob, Usage
+from .media import image_part
 from .info import EngineShare, KvEventStats, LoraStats, Model, PluginCost, PluginInfo, PluginLimits, Plugins, PrefixCacheStats, SpeculativeStats, Stats
 from .stream import Stream
 from .sync import SyncClient, SyncStream, connect_sync
 
 __all__ = [
+    "image_part",
     "DEFAULT_URL",
     "AdapterInUseError",
     "AuthenticationError",
