@@ -140,4 +140,23 @@ async fn images_to_a_text_only_model_are_refused_naming_the_part() {
         d.http("GET", "/health", &[], None).expect("health").status,
         200
     );
+
+    // The CLI sends `--image FILE` as a data: URL part and prints the daemon's refusal.
+    let cli = inferd_binary().with_file_name(format!("inferd-cli{}", std::env::consts::EXE_SUFFIX));
+    let out = std::process::Command::new(cli)
+        .args(["--url", &d.url, "chat", "--image"])
+        .arg(allowed.join("one.png"))
+        .arg("What is this?")
+        .env_remove("INFERD_URL")
+        .env_remove("INFERD_API_KEY")
+        .output()
+        .expect("inferd-cli runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "server error (validation): messages[0].content[1]: {model}"
+        )),
+        "{stderr}"
+    );
 }
