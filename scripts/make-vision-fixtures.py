@@ -198,10 +198,15 @@ def pil_resize_ref(arr, out_w, out_h, filter_name):
     if (in_w, in_h) == (out_w, out_h):
         return arr.copy()  # Image.resize returns a copy for an unchanged size
     _, filt, support = PIL_FILTERS[filter_name]
-    if out_w != in_w:  # horizontal pass first (Pillow only computes the rows the vertical pass reads; same result)
-        a = _pass(a, pil_coeffs(in_w, out_w, filt, support), axis=1)
-    if out_h != in_h:  # then the vertical pass, on the 8-bit (rounded, clipped) output of the first
-        a = _pass(a, pil_coeffs(in_h, out_h, filt, support), axis=0)
+    # Two 8-bit passes; the second reads the first's rounded, clipped uint8 output. Pillow 13 (Resample.c,
+    # ImagingResampleInner) runs the vertical pass first when "height is being scaled down more than twice the
+    # amount the width is" (in sizes, not ratios); otherwise horizontal first (older Pillow: always horizontal
+    # first). When horizontal goes first Pillow only computes the rows the vertical pass reads: same result.
+    horizontal_first = not ((in_h - out_h) > 0 and (in_h - out_h) > (in_w - out_w) * 2)
+    passes = [(1, out_w, in_w), (0, out_h, in_h)]
+    for axis, n_out, n_in in passes if horizontal_first else passes[::-1]:
+        if n_out != n_in:
+            a = _pass(a, pil_coeffs(n_in, n_out, filt, support), axis=axis)
     a = a.astype(np.uint8)
     return a[:, :, 0] if squeeze else a
 
@@ -337,7 +342,10 @@ def f32_values(arr):
     """Flat C-order list of the float32 values, each as the shortest decimal that round-trips to that float32."""
     a = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
     assert np.all(np.isfinite(a))
-    return [float(np.format_float_positional(v, unique=True, trim="0")) for v in a]
+    vals = [float(np.format_float_positional(v, unique=True, trim="0")) for v in a]
+    # what a reader gets by parsing to f64 and rounding to f32 (or parsing straight to f32) is the exact value
+    assert np.array_equal(np.array(vals, dtype=np.float64).astype(np.float32), a)
+    return vals
 
 
 def dumps(obj, indent=0):
@@ -512,8 +520,10 @@ def make_qwen(out_dir):
     # smart_resize alone, on a few more sizes (including the default Qwen2.5-VL limits), for the size rule.
     extra = []
     for h, w in [(23, 37), (48, 64), (40, 40), (90, 20), (33, 33), (1, 1), (28, 28), (14, 200), (10, 2000),
-                 (480, 640), (1080, 1920), (3000, 4000), (299, 301), (56, 56), (57, 83)]:
-        for mn, mx in [(56 * 56, 28 * 28 * 16), (56 * 56, 28 * 28 * 1280), (4 * 28 * 28, 16384 * 28 * 28)]:
+                 (480, 640), (1080, 1920), (3000, 4000), (299, 301), (56, 56), (57, 83),
+                 (70, 98), (42, 126), (98, 70)]:  # x.5 ties: Python round() is half-to-even (2.5 -> 2, 3.5 -> 4)
+        # (this file's tiny limits), (the class defaults), (Qwen2.5-VL's preprocessor_config.json values)
+        for mn, mx in [(56 * 56, 28 * 28 * 16), (56 * 56, 28 * 28 * 1280), (3136, 12845056)]:
             if max(h, w) / min(h, w) > 200:
                 continue
             got = hf_smart_resize(h, w, factor=28, min_pixels=mn, max_pixels=mx)

@@ -3,6 +3,8 @@ history, the live stats panel, validation errors and accessibility basics."""
 
 from __future__ import annotations
 
+import base64
+
 import json
 import re
 from urllib.request import urlopen
@@ -194,6 +196,30 @@ def test_a_refused_value_is_shown_next_to_the_answer(page: ChatPage) -> None:
     wait_for("the third answer", lambda: len(page.answers()) == 3)
     assert page.wait_answer_end() == "done"
     assert page.sent("generate")[-1]["messages"] == [{"role": "user", "content": "Hello"}]
+
+
+def test_an_attached_image_goes_as_a_data_url_part(page: ChatPage, tmp_path) -> None:
+    png = tmp_path / "dot.png"
+    png.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    ))
+    page.open()
+    page.by_id("attach").send_keys(str(png))
+    wait_for("the attachment chip", lambda: page.by_id("attachments").is_displayed())
+    assert "dot.png" in page.text_of("attachments")
+    page.type_prompt("What is this?")
+    assert page.wait_answer_end() == "error"
+    content = page.sent("generate")[-1]["messages"][-1]["content"]
+    assert content[0] == {"type": "text", "text": "What is this?"}
+    assert content[1]["type"] == "image_url"
+    assert content[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+    box = page.error_box()
+    assert box.find_element(By.CSS_SELECTOR, ".error-tag").text == "validation"
+    assert 'model "SmolLM2-135M-Instruct.Q4_1" takes no images' in box.text
+    # The failed turn gives back its text and its image to resend.
+    assert page.by_id("prompt").get_attribute("value") == "What is this?"
+    assert "dot.png" in page.text_of("attachments")
+    page.shot("9-image-refused")
 
 
 def test_plugins_listed_by_the_daemon_can_be_chosen(page: ChatPage) -> None:

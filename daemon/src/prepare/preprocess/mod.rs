@@ -11,7 +11,10 @@
 //! - [`QwenVlProcessor`]: `Qwen2VLImageProcessor` (Qwen2-VL and Qwen2.5-VL:
 //!   `smart_resize` to a multiple of the merged patch, patches flattened in the merge
 //!   order, the image repeated over the temporal patch).
+//! - [`idefics3::Idefics3Processor`]: `Idefics3ImageProcessor` (Idefics3, SmolVLM:
+//!   longest edge, tiles and a global image).
 
+pub mod idefics3;
 pub mod resample;
 pub mod rgb;
 

@@ -4,8 +4,8 @@
 //! (`precompute_coeffs`, `normalize_coeffs_8bpc`, `ImagingResampleHorizontal_8bpc` /
 //! `Vertical_8bpc`, `ImagingResampleInner`): a separable convolution whose support
 //! grows with the downscale factor (antialiasing), coefficients in f64 normalized to
-//! sum 1, then rounded to fixed point with 22 fractional bits; a horizontal pass over
-//! the rows the vertical pass needs, clipped to u8, then the vertical pass.
+//! sum 1, then rounded to fixed point with 22 fractional bits; two passes, each clipped
+//! to u8, in Pillow 13's order (`Image8::resize`).
 
 /// Pillow's resampling filters (`PIL.Image.Resampling`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,65 +157,88 @@ pub struct Image8 {
 
 impl Image8 {
     /// Pillow's `resize((width, height), filter)` (no box, no `reducing_gap`); the
-    /// same size returns a copy, as Pillow does.
+    /// same size returns a copy, as Pillow does. Pillow 13's pass order: the vertical
+    /// pass first when the height shrinks by more than twice what the width does, else
+    /// the horizontal pass first over only the rows the vertical pass reads (the pass
+    /// between is stored as bytes, so the order shows in the output).
     pub fn resize(&self, width: usize, height: usize, filter: Filter) -> Image8 {
-        if (width, height) == (self.width, self.height) {
-            return self.clone();
-        }
-        let c = self.channels;
-        let vert = taps(self.height, height, filter);
         let need_h = width != self.width;
         let need_v = height != self.height;
-        // Rows of the input the vertical pass reads.
-        let y_first = vert.first.first().copied().unwrap_or(0);
-        let y_last = match (vert.first.last(), vert.len.last()) {
-            (Some(f), Some(l)) => f + l,
-            _ => 0,
-        };
-        let (src, row0) = if need_h {
-            let h = taps(self.width, width, filter);
-            let rows = y_last - y_first;
-            let mut out = vec![0u8; rows * width * c];
-            for yy in 0..rows {
-                let line = &self.data[(yy + y_first) * self.width * c..][..self.width * c];
-                for xx in 0..width {
-                    let k = &h.weights[xx * h.ksize..][..h.len[xx]];
-                    let x0 = h.first[xx];
-                    for ch in 0..c {
-                        let mut ss = 1i32 << (PRECISION_BITS - 1);
-                        for (x, &w) in k.iter().enumerate() {
-                            ss = ss.wrapping_add(i32::from(line[(x0 + x) * c + ch]) * w);
-                        }
-                        out[(yy * width + xx) * c + ch] = clip8(ss);
+        let dh = self.height as i64 - height as i64;
+        let dw = self.width as i64 - width as i64;
+        let horizontal_first = !(dh > 0 && dh > dw * 2);
+        let mut img = self.clone();
+        if horizontal_first {
+            if need_h {
+                let (first, rows) = if need_v {
+                    let vert = taps(self.height, height, filter);
+                    let first = vert.first.first().copied().unwrap_or(0);
+                    let last = match (vert.first.last(), vert.len.last()) {
+                        (Some(f), Some(l)) => f + l,
+                        _ => 0,
+                    };
+                    (first, last - first)
+                } else {
+                    (0, self.height)
+                };
+                img = img.horizontal(&taps(self.width, width, filter), first, rows);
+                if need_v {
+                    img = img.vertical(&taps(self.height, height, filter), first);
+                }
+            } else if need_v {
+                img = img.vertical(&taps(self.height, height, filter), 0);
+            }
+        } else {
+            if need_v {
+                img = img.vertical(&taps(self.height, height, filter), 0);
+            }
+            if need_h {
+                let rows = img.height;
+                img = img.horizontal(&taps(self.width, width, filter), 0, rows);
+            }
+        }
+        img
+    }
+
+    /// `ImagingResampleHorizontal_8bpc` over input rows `first..first + rows`.
+    fn horizontal(&self, h: &Taps, first: usize, rows: usize) -> Image8 {
+        let (c, width) = (self.channels, h.first.len());
+        let mut out = vec![0u8; rows * width * c];
+        for yy in 0..rows {
+            let line = &self.data[(yy + first) * self.width * c..][..self.width * c];
+            for xx in 0..width {
+                let k = &h.weights[xx * h.ksize..][..h.len[xx]];
+                let x0 = h.first[xx];
+                for ch in 0..c {
+                    let mut ss = 1i32 << (PRECISION_BITS - 1);
+                    for (x, &w) in k.iter().enumerate() {
+                        ss = ss.wrapping_add(i32::from(line[(x0 + x) * c + ch]) * w);
                     }
+                    out[(yy * width + xx) * c + ch] = clip8(ss);
                 }
             }
-            (
-                Image8 {
-                    width,
-                    height: rows,
-                    channels: c,
-                    data: out,
-                },
-                y_first,
-            )
-        } else {
-            (self.clone(), 0)
-        };
-        if !need_v {
-            return src;
         }
+        Image8 {
+            width,
+            height: rows,
+            channels: c,
+            data: out,
+        }
+    }
+
+    /// `ImagingResampleVertical_8bpc`; this image's row 0 is the input's row `row0`.
+    fn vertical(&self, v: &Taps, row0: usize) -> Image8 {
+        let (c, width, height) = (self.channels, self.width, v.first.len());
         let mut out = vec![0u8; height * width * c];
         for yy in 0..height {
-            let k = &vert.weights[yy * vert.ksize..][..vert.len[yy]];
-            let y0 = vert.first[yy] - row0;
+            let k = &v.weights[yy * v.ksize..][..v.len[yy]];
+            let y0 = v.first[yy] - row0;
             for xx in 0..width {
                 for ch in 0..c {
                     let mut ss = 1i32 << (PRECISION_BITS - 1);
                     for (y, &w) in k.iter().enumerate() {
-                        ss = ss.wrapping_add(
-                            i32::from(src.data[((y0 + y) * width + xx) * c + ch]) * w,
-                        );
+                        let px = self.data[((y0 + y) * width + xx) * c + ch];
+                        ss = ss.wrapping_add(i32::from(px) * w);
                     }
                     out[(yy * width + xx) * c + ch] = clip8(ss);
                 }

@@ -1,2 +1,237 @@
-//! Preprocessing against transformers' image processors and Pillow (fixtures made by
-//! `scripts/make-vision-fixtures.py`).
+//! Preprocessing against Pillow 13.0.0 and transformers 5.24.0's image processors
+//! (their PIL backends), on the fixtures `scripts/make-vision-fixtures.py` recorded in
+//! `daemon/tests/fixtures/vision/`: resized bytes and composited pixels equal to the
+//! byte, `pixel_values` equal to the bit (the goal is within 1/255).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::rgb::rgba_over_white;
+use super::{
+    ClipProcessor, Filter, Gemma3Processor, Image8, PixelValues, QwenVlProcessor, Rescale,
+};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision")
+}
+
+fn fixture(name: &str) -> Value {
+    let text = std::fs::read_to_string(dir().join(name)).expect("fixture");
+    serde_json::from_str(&text).expect("json")
+}
+
+/// The image as the media step leaves it (RGBA), through `convert_to_rgb`.
+fn rgb(name: &str) -> Image8 {
+    let img = image::open(dir().join("images").join(name))
+        .expect("decode")
+        .into_rgba8();
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    rgba_over_white(w, h, img.as_raw())
+}
+
+fn filter(case: &Value) -> Filter {
+    let n = case["resample_pil_value"]
+        .as_u64()
+        .or_else(|| case["kwargs"]["resample_pil_value"].as_u64())
+        .expect("resample");
+    Filter::from_pil(n).expect("a filter we implement")
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("byte") as u8)
+        .collect()
+}
+
+fn dims(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("dim") as usize)
+        .collect()
+}
+
+/// Asserts equal values, reporting the largest difference.
+fn assert_same(what: &str, got: &PixelValues, want_shape: &[usize], want: &[f32]) {
+    assert_eq!(
+        got.shape.iter().product::<usize>(),
+        want_shape.iter().product::<usize>(),
+        "{what}"
+    );
+    let worst = got
+        .data
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert_eq!(got.data.len(), want.len(), "{what}");
+    assert!(worst == 0.0, "{what}: largest difference {worst}");
+}
+
+#[test]
+fn resize_equals_pillow_to_the_byte() {
+    let f = fixture("pil_resize.json");
+    let cases = f["resize_cases"].as_array().expect("cases");
+    assert!(cases.len() >= 20);
+    for case in cases {
+        let name = case["image"].as_str().expect("image");
+        let out = dims(&case["output_wh"]);
+        let got = rgb(name).resize(out[0], out[1], filter(case));
+        assert_eq!(
+            got.data,
+            bytes(&case["values"]),
+            "{name} → {out:?} {}",
+            case["resample"]
+        );
+    }
+}
+
+#[test]
+fn convert_to_rgb_equals_pillows_composite_over_white() {
+    let f = fixture("pil_resize.json");
+    let case = &f["convert_rgb"];
+    assert_eq!(rgb("alpha_40x40.png").data, bytes(&case["values"]));
+}
+
+#[test]
+fn gemma3_pixel_values_equal_transformers() {
+    let f = fixture("gemma3.json");
+    for case in f["cases"].as_array().expect("cases") {
+        let name = case["image"].as_str().expect("image");
+        let size = dims(&case["resized_hw"])[0];
+        let p = Gemma3Processor {
+            size,
+            filter: filter(case),
+            rescale: Rescale::HALF,
+        };
+        let got = p.process(&rgb(name));
+        assert_same(
+            name,
+            &got,
+            &dims(&case["pixel_values_shape"]),
+            &floats(&case["pixel_values"]),
+        );
+    }
+}
+
+#[test]
+fn llava_clip_pixel_values_equal_transformers() {
+    let f = fixture("llava.json");
+    for case in f["cases"].as_array().expect("cases") {
+        let name = case["image"].as_str().expect("image");
+        let k = &case["kwargs"];
+        let p = ClipProcessor {
+            shortest_edge: k["size"]["shortest_edge"].as_u64().expect("edge") as usize,
+            crop: k["crop_size"]["height"].as_u64().expect("crop") as usize,
+            filter: filter(case),
+            rescale: Rescale::CLIP,
+        };
+        let img = rgb(name);
+        let resized = dims(&case["resized_hw"]);
+        assert_eq!(
+            p.resized(img.width, img.height),
+            (resized[1], resized[0]),
+            "{name}"
+        );
+        let got = p.process(&img);
+        assert_same(
+            name,
+            &got,
+            &dims(&case["pixel_values_shape"]),
+            &floats(&case["pixel_values"]),
+        );
+    }
+}
+
+#[test]
+fn qwen_vl_patches_and_grid_equal_transformers() {
+    let f = fixture("qwen2_5_vl.json");
+    for row in f["smart_resize_table"].as_array().expect("table") {
+        let hw = dims(&row["input_hw"]);
+        let got = super::smart_resize(
+            hw[0],
+            hw[1],
+            row["factor"].as_u64().expect("factor") as usize,
+            row["min_pixels"].as_u64().expect("min") as usize,
+            row["max_pixels"].as_u64().expect("max") as usize,
+        );
+        let want = dims(&row["smart_resize_hw"]);
+        assert_eq!(got, (want[0], want[1]), "smart_resize {hw:?}");
+    }
+    for case in f["cases"].as_array().expect("cases") {
+        let name = case["image"].as_str().expect("image");
+        let k = &case["kwargs"];
+        let n = |key: &str| k[key].as_u64().expect(key) as usize;
+        let p = QwenVlProcessor {
+            patch_size: n("patch_size"),
+            temporal_patch_size: n("temporal_patch_size"),
+            merge_size: n("merge_size"),
+            min_pixels: n("min_pixels"),
+            max_pixels: n("max_pixels"),
+            filter: filter(case),
+            rescale: Rescale::CLIP,
+        };
+        let (got, grid) = p.process(&rgb(name));
+        assert_eq!(grid.to_vec(), dims(&case["image_grid_thw"][0]), "{name}");
+        assert_eq!(got.shape, dims(&case["pixel_values_shape"]), "{name}");
+        assert_same(
+            name,
+            &got,
+            &dims(&case["pixel_values_shape"]),
+            &floats(&case["pixel_values"]),
+        );
+    }
+}
+
+#[test]
+fn idefics3_tiles_and_global_image_equal_transformers() {
+    use super::idefics3::{resized_size, tiled_size, Idefics3Processor};
+    let f = fixture("idefics3.json");
+    let cases = f["cases"].as_array().expect("cases");
+    assert!(cases.iter().any(|c| c["rows"] != 0) && cases.iter().any(|c| c["rows"] == 0));
+    for case in cases {
+        let name = case["image"].as_str().expect("image");
+        let k = &case["kwargs"];
+        let p = Idefics3Processor {
+            longest_edge: k["size"]["longest_edge"].as_u64().expect("edge") as usize,
+            tile: k["max_image_size"]["longest_edge"].as_u64().expect("tile") as usize,
+            split: k["do_image_splitting"].as_bool().expect("split"),
+            filter: filter(case),
+            rescale: Rescale::HALF,
+        };
+        let input = dims(&case["input_hw"]);
+        let resized = resized_size(input[0], input[1], p.longest_edge);
+        let pair = |key: &str| {
+            let d = dims(&case[key]);
+            (d[0], d[1])
+        };
+        assert_eq!(resized, pair("resized_hw"), "{name}");
+        let tiled = tiled_size(resized.0, resized.1, p.tile);
+        assert_eq!(tiled, pair("split_resized_hw"), "{name}");
+        let got = p.process(&rgb(name));
+        let n = |key: &str| case[key].as_u64().expect(key) as usize;
+        assert_eq!((got.rows, got.cols), (n("rows"), n("cols")), "{name}");
+        assert_eq!(got.frames.len(), n("num_tiles"), "{name}");
+        let want = floats(&case["pixel_values"]);
+        let frame = 3 * p.tile * p.tile;
+        for (i, fr) in got.frames.iter().enumerate() {
+            assert_same(
+                &format!("{name} frame {i}"),
+                fr,
+                &[3, p.tile, p.tile],
+                &want[i * frame..(i + 1) * frame],
+            );
+        }
+    }
+}

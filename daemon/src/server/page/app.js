@@ -12,6 +12,7 @@ const ui = {
   conn: $("conn"), connText: $("conn-text"), model: $("model-name"), notice: $("notice"),
   transcript: $("transcript"), empty: $("empty"), composer: $("composer"), prompt: $("prompt"),
   send: $("send"), stop: $("stop"), newChat: $("new-chat"),
+  attach: $("attach"), attachments: $("attachments"),
   settings: $("settings"), pluginList: $("plugin-list"), pluginsEmpty: $("plugins-empty"),
   modelPick: $("model"), loraScale: $("lora_scale"),
   keyForm: $("key-form"), sidebar: $("key-form").parentElement, key: $("api-key"), remember: $("remember-key"), keyStatus: $("key-status"),
@@ -21,6 +22,7 @@ const state = {
   ws: null,          // the open (or opening) WebSocket
   opened: false,     // whether it reached "open"
   history: [],       // finished turns: {role, content}
+  images: [],        // attached to the next message: {name, url} (url: a data: URL)
   active: null,      // the answer being generated: {id, userText, el, text, reasoning, started}
   seq: 0,            // request ids: g1, g2, ...
   statsTimer: 0,      // the next stats poll
@@ -271,7 +273,7 @@ function finish(a, f) {
   // A stopped answer stays in the history as far as it got: the model sees what the
   // transcript shows. (inferd-cli instead drops a cancelled turn: a terminal cannot
   // take the printed text back.)
-  state.history.push({ role: "user", content: a.userText }, { role: "assistant", content: a.text });
+  state.history.push({ role: "user", content: a.userContent }, { role: "assistant", content: a.text });
   endActive();
 }
 
@@ -291,6 +293,7 @@ function failActive(tag, message) {
   setMetric(a, "m-finish", reason);
   a.el.querySelector(".m-finish").dataset.reason = reason;
   if (!ui.prompt.value) ui.prompt.value = a.userText; // to fix the setting and resend
+  if (!state.images.length) setImages(a.images);
   endActive();
 }
 
@@ -377,14 +380,19 @@ function submit() {
   const messages = [];
   const system = $("system").value.trim();
   if (system) messages.push({ role: "system", content: system });
-  messages.push(...state.history, { role: "user", content: text });
+  const images = state.images;
+  const content = images.length
+    ? [{ type: "text", text }, ...images.map((i) => ({ type: "image_url", image_url: { url: i.url } }))]
+    : text;
+  messages.push(...state.history, { role: "user", content });
   const head = JSON.stringify({ type: "generate", id, messages });
   const frame = head.slice(0, -1) + members.map((m) => "," + m).join("") + "}";
 
   showNotice("");
   ui.empty.hidden = true;
   const user = $("tpl-user").content.firstElementChild.cloneNode(true);
-  user.querySelector(".msg-text").textContent = text;
+  user.querySelector(".msg-text").textContent =
+    text + images.map((i) => "\n[image: " + i.name + "]").join("");
   const el = $("tpl-answer").content.firstElementChild.cloneNode(true);
   el.dataset.id = id;
   if (ui.modelPick.value) {
@@ -394,9 +402,10 @@ function submit() {
   }
   el.setAttribute("aria-busy", "true");
   ui.transcript.append(user, el);
-  state.active = { id, userText: text, el, text: "", reasoning: "", started: null };
+  state.active = { id, userText: text, userContent: content, images, el, text: "", reasoning: "", started: null };
   if (!send(frame)) { failActive("connection", "not connected"); return; }
   ui.prompt.value = "";
+  setImages([]);
   ui.send.disabled = true;
   ui.stop.disabled = false;
   ui.newChat.disabled = true;
@@ -498,6 +507,41 @@ function scrollDown(force) {
   if (force || t.scrollHeight - t.scrollTop - t.clientHeight < 120) t.scrollTop = t.scrollHeight;
 }
 
+// ---------- attached images ----------
+
+/** Shows `images` as removable chips under the message box; they go with the next message. */
+function setImages(images) {
+  state.images = images;
+  ui.attachments.replaceChildren(...images.map((img, i) => {
+    const chip = document.createElement("span");
+    chip.className = "attachment";
+    chip.textContent = img.name;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.textContent = "×";
+    remove.setAttribute("aria-label", "Remove " + img.name);
+    remove.addEventListener("click", () => setImages(state.images.filter((_, j) => j !== i)));
+    chip.append(remove);
+    return chip;
+  }));
+  ui.attachments.hidden = images.length === 0;
+}
+
+/** Reads the chosen files as data: URLs (the daemon never fetches a URL). */
+function attachFiles(files) {
+  const reads = [...files].map((f) => new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve({ name: f.name, url: r.result });
+    r.onerror = () => reject(new Error("cannot read " + f.name));
+    r.readAsDataURL(f);
+  }));
+  Promise.all(reads)
+    .then((read) => setImages([...state.images, ...read]))
+    .catch((e) => showNotice(e.message))
+    .finally(() => { ui.attach.value = ""; });
+}
+
+ui.attach.addEventListener("change", () => attachFiles(ui.attach.files));
 ui.composer.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
 ui.prompt.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
