@@ -14,12 +14,14 @@
 //! - [`idefics3::Idefics3Processor`]: `Idefics3ImageProcessor` (Idefics3, SmolVLM:
 //!   longest edge, tiles and a global image).
 
+pub mod config;
 pub mod idefics3;
 pub mod resample;
 pub mod rgb;
 
 mod processors;
 
+pub use config::ImageProcessor;
 pub use processors::{
     normalize, smart_resize, ClipProcessor, Gemma3Processor, PixelValues, QwenVlProcessor, Rescale,
 };
