@@ -38,28 +38,25 @@ fn filter(case: &Value) -> Filter {
     Filter::from_pil(n).expect("a filter we implement")
 }
 
-fn floats(v: &Value) -> Vec<f32> {
+/// A JSON array of numbers, each through `f`.
+fn list<T>(v: &Value, f: impl Fn(f64) -> T) -> Vec<T> {
     v.as_array()
         .expect("array")
         .iter()
-        .map(|x| x.as_f64().expect("number") as f32)
+        .map(|x| f(x.as_f64().expect("number")))
         .collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    list(v, |x| x as f32)
 }
 
 fn bytes(v: &Value) -> Vec<u8> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("byte") as u8)
-        .collect()
+    list(v, |x| x as u8)
 }
 
 fn dims(v: &Value) -> Vec<usize> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("dim") as usize)
-        .collect()
+    list(v, |x| x as usize)
 }
 
 /// Asserts equal values, reporting the largest difference.
