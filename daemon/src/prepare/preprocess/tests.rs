@@ -232,3 +232,48 @@ fn idefics3_tiles_and_global_image_equal_transformers() {
         }
     }
 }
+
+/// The tiny vision-language models of `daemon/tests/fixtures/vlm/` (made by
+/// `scripts/make-vlm-fixtures.py`): each directory's own `preprocessor_config.json`,
+/// read by [`super::ImageProcessor::from_hf_json`], gives the `pixel_values` its
+/// reference recorded for the single-image prompts.
+#[test]
+fn each_tiny_vlm_directorys_processor_gives_its_reference_pixel_values() {
+    use super::ImageProcessor;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vlm");
+    for family in ["gemma3", "qwen2_5_vl", "llava", "smolvlm"] {
+        let dir = root.join(family);
+        let text = std::fs::read_to_string(dir.join("preprocessor_config.json")).expect("config");
+        let processor = ImageProcessor::from_hf_json(&text).expect("a processor we implement");
+        let reference: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("reference.json")).expect("reference"),
+        )
+        .expect("json");
+        let cases = reference["cases"].as_array().expect("cases");
+        let mut checked = 0;
+        for case in cases
+            .iter()
+            .filter(|c| c["images"].as_array().is_some_and(|i| i.len() == 1))
+        {
+            let image = case["images"][0].as_str().expect("image name");
+            let name = image.rsplit('/').next().unwrap_or(image);
+            let img = rgb(name);
+            let frames: Vec<PixelValues> = match &processor {
+                ImageProcessor::Gemma3(p) => vec![p.process(&img)],
+                ImageProcessor::Clip(p) => vec![p.process(&img)],
+                ImageProcessor::QwenVl(p) => vec![p.process(&img).0],
+                ImageProcessor::Idefics3(p) => p.process(&img).frames,
+            };
+            let want = floats(&case["pixel_values"]["values"]);
+            let got: Vec<f32> = frames.iter().flat_map(|f| f.data.iter().copied()).collect();
+            let shape = vec![got.len()];
+            let joined = PixelValues {
+                shape: shape.clone(),
+                data: got,
+            };
+            assert_same(&format!("{family} {name}"), &joined, &shape, &want);
+            checked += 1;
+        }
+        assert_eq!(checked, 2, "{family}: two single-image cases");
+    }
+}
