@@ -610,6 +610,9 @@ impl Settings {
             config::Environment::with_prefix("INFERD")
                 .separator("__")
                 .try_parsing(true)
+                // INFERD__MEDIA__LOCAL_DIRS=/srv/a,/srv/b
+                .list_separator(",")
+                .with_list_parse_key("media.local_dirs")
                 .source(env),
         );
         if let Some(m) = &cli.model {
@@ -664,6 +667,9 @@ impl Settings {
         }
         for (name, path) in &mut self.lora.adapters {
             expand_home(&format!("lora.adapters.{name}"), path, home)?;
+        }
+        for (i, dir) in self.media.local_dirs.iter_mut().enumerate() {
+            expand_home(&format!("media.local_dirs[{i}]"), dir, home)?;
         }
         expand_home("prefix_store.path", &mut self.prefix_store.path, home)
     }
@@ -1030,6 +1036,29 @@ mod tests {
             let want = format!("prefix_store.enabled must be true or false (got {got})");
             assert!(e.to_string().contains(&want), "{v}: {e}");
         }
+    }
+
+    #[test]
+    fn media_local_dirs_from_the_environment_and_with_a_tilde() {
+        let env = Some(
+            [(
+                "INFERD__MEDIA__LOCAL_DIRS".to_string(),
+                "/srv/a,/srv/b".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        let s = Settings::load_with_env(None, &CliOverrides::default(), env).expect("list");
+        assert_eq!(
+            s.media.local_dirs,
+            [PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]
+        );
+        let mut s = Settings::default();
+        s.media.local_dirs = vec!["~/imgs".into()];
+        s.expand_home(Some(Path::new("/home/someone")))
+            .expect("home");
+        assert_eq!(s.media.local_dirs, [PathBuf::from("/home/someone/imgs")]);
+        assert!(s.validate().is_ok());
     }
 
     #[test]

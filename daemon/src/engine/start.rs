@@ -92,6 +92,7 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
         model_id: model_id.clone(),
         grammars,
         media: MediaStep::new(&settings.media),
+        takes_images: false,
     });
     let pool = |threads: usize| {
         let (shared, placer, setup) = (shared.clone(), placer.clone(), plugin_setup.clone());

@@ -95,6 +95,10 @@ pub struct PrepareShared {
     pub grammars: Arc<LazyCompiler>,
     /// Image reading and decoding under `[media]`.
     pub media: MediaStep,
+    /// Whether the model takes images (it has a vision tower). False for every model
+    /// the loader builds today (issue 38 adds the towers): images are then refused
+    /// before anything is read or decoded.
+    pub takes_images: bool,
 }
 
 /// The prepare stage. Start with `SyncArbiter::start(n, ..)`.
@@ -119,20 +123,21 @@ impl PrepareActor {
         }
     }
 
-    /// The request's images, decoded; refused for this model, which has no vision
-    /// tower: a `validation` error naming the model and the first image part.
+    /// The request's images, decoded. A model without a vision tower refuses the
+    /// first image part, naming the model, before any image is read or decoded.
     fn media(&self, request: &GenerateRequest) -> Result<Vec<DecodedImage>, InferError> {
         let PromptInput::Messages(messages) = &request.input else {
             return Ok(Vec::new());
         };
-        let images = self.shared.media.decode_all(messages)?;
-        match images.first() {
-            None => Ok(images),
-            Some(first) => Err(InferError::validation(format!(
+        let first = messages.iter().flat_map(|m| &m.images).next();
+        match first {
+            None => Ok(Vec::new()),
+            Some(image) if !self.shared.takes_images => Err(InferError::validation(format!(
                 "{}: model {:?} takes no images (it has no vision tower; docs/vision.md lists \
                  the models that do)",
-                first.at, self.shared.model_id
+                image.at, self.shared.model_id
             ))),
+            Some(_) => self.shared.media.decode_all(messages),
         }
     }
 }
@@ -146,13 +151,13 @@ impl Handler<Prepare> for PrepareActor {
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
         if let Err(e) = self.media(&msg.request) {
-            let _ = msg.events.send(StreamEvent::Error(e));
+            refused(&msg, e);
             return;
         }
         let prompt = match render(&self.shared.tokenizer, &msg.request) {
             Ok(p) => p,
             Err(e) => {
-                let _ = msg.events.send(StreamEvent::Error(e));
+                refused(&msg, e);
                 return;
             }
         };
@@ -174,11 +179,16 @@ impl Handler<Prepare> for PrepareActor {
         };
         match SamplerChain::build(&msg.request.sampling, &parts) {
             Ok(chains) => self.placer.submit(msg.into_prepared(prompt, chains)),
-            Err(e) => {
-                let _ = msg.events.send(StreamEvent::Error(e));
-            }
+            Err(e) => refused(&msg, e),
         }
     }
+}
+
+/// Ends a request the prepare stage refused: logged (as the scheduler logs the
+/// requests it rejects) and sent as its `error` event.
+fn refused(msg: &Prepare, e: InferError) {
+    tracing::warn!(id = %msg.request.client_id, error = %e.message, "request refused");
+    let _ = msg.events.send(StreamEvent::Error(e));
 }
 
 impl Handler<Encode> for PrepareActor {

@@ -46,32 +46,23 @@ pub struct DecodedImage {
     pub content_hash: [u8; 32],
 }
 
-/// The media step's settings: the `[media]` bounds, with `local_dirs` resolved.
+/// The media step's settings: the `[media]` bounds.
 #[derive(Debug, Clone)]
 pub struct MediaStep {
     config: MediaConfig,
-    /// `local_dirs` with symbolic links resolved (a directory that does not exist is
-    /// left out, with a warning).
-    dirs: Vec<PathBuf>,
 }
 
 impl MediaStep {
-    /// The step for `config` (resolves `local_dirs` now).
+    /// The step for `config`. `local_dirs` are resolved at each request, so a
+    /// directory created after start-up counts; one missing at start is warned about.
     pub fn new(config: &MediaConfig) -> Self {
-        let dirs = config
-            .local_dirs
-            .iter()
-            .filter_map(|d| match d.canonicalize() {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!(dir = %d.display(), error = %e, "media.local_dirs entry unusable");
-                    None
-                }
-            })
-            .collect();
+        for d in &config.local_dirs {
+            if let Err(e) = d.canonicalize() {
+                tracing::warn!(dir = %d.display(), error = %e, "media.local_dirs entry unusable now");
+            }
+        }
         Self {
             config: config.clone(),
-            dirs,
         }
     }
 
@@ -155,22 +146,35 @@ impl MediaStep {
         }
     }
 
-    /// `path` with symbolic links resolved, when it lies inside a `local_dirs` entry.
+    /// `path` with symbolic links resolved, when it names a regular file inside a
+    /// `local_dirs` entry. The path must lie inside an entry as written (no `..`)
+    /// before the file system is asked anything, and every failure after that gives
+    /// the same answer, so a request cannot learn which files exist elsewhere.
     fn allowed(&self, url: &str, path: &Path) -> Result<PathBuf, InferError> {
-        if self.dirs.is_empty() {
+        let dirs = &self.config.local_dirs;
+        if dirs.is_empty() {
             return Err(InferError::validation(format!(
                 "{url}: file: URLs are refused (media.local_dirs is empty; got {})",
                 path.display()
             )));
         }
-        let real = path.canonicalize().map_err(|e| {
-            InferError::validation(format!("{url}: cannot read {}: {e}", path.display()))
-        })?;
-        if !self.dirs.iter().any(|d| real.starts_with(d)) || !real.is_file() {
-            return Err(InferError::validation(format!(
-                "{url}: {} is not a file inside a directory of media.local_dirs",
+        let refused = || {
+            InferError::validation(format!(
+                "{url}: {} is not a readable file inside a directory of media.local_dirs",
                 path.display()
-            )));
+            ))
+        };
+        let plain = path
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir));
+        let resolved: Vec<PathBuf> = dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
+        let inside = |p: &Path| dirs.iter().chain(&resolved).any(|d| p.starts_with(d));
+        if !plain || !inside(path) {
+            return Err(refused());
+        }
+        let real = path.canonicalize().map_err(|_| refused())?;
+        if !resolved.iter().any(|d| real.starts_with(d)) || !real.is_file() {
+            return Err(refused());
         }
         Ok(real)
     }
@@ -213,6 +217,12 @@ impl MediaStep {
         .map_err(|e| {
             InferError::validation(format!("{at}: the {name} image does not decode: {e}"))
         })?;
+        // zune-jpeg fills a cut-off scan with grey; the end-of-image marker tells.
+        if format == ImageFormat::Jpeg && !jpeg_ends(bytes) {
+            return Err(InferError::validation(format!(
+                "{at}: the JPEG image is truncated (no end-of-image marker near its end)"
+            )));
+        }
         if (image.width(), image.height()) != (width, height) {
             return Err(InferError::validation(format!(
                 "{at}: the {name} image decodes to {}x{}, not the {width}x{height} its header says",
@@ -263,6 +273,15 @@ impl MediaStep {
         }
         Ok(())
     }
+}
+
+/// Whether a JPEG's last 4 KiB hold its end-of-image marker (`FF D9`; bytes after it
+/// are tolerated, as decoders do). An embedded EXIF thumbnail's own marker sits near
+/// the start of the file, so a file cut after it is still caught unless the cut falls
+/// within 4 KiB of it.
+fn jpeg_ends(bytes: &[u8]) -> bool {
+    let tail = &bytes[bytes.len().saturating_sub(4096)..];
+    tail.windows(2).any(|w| w == [0xFF, 0xD9])
 }
 
 /// Runs a decoder call, turning a panic inside it into an error.

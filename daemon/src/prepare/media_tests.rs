@@ -219,6 +219,11 @@ fn truncated_lying_and_foreign_bytes_are_refused_not_panics() {
     lying[20..24].copy_from_slice(&4u32.to_be_bytes());
     assert!(refusal(&s, vec![data(&lying)]).starts_with("messages[0].content[0]: the PNG"));
     let jpeg = encode(&picture(64, 64), ImageFormat::Jpeg);
+    let big_jpeg = encode(&picture(256, 256), ImageFormat::Jpeg);
+    assert_eq!(
+        refusal(&s, vec![data(&big_jpeg[..big_jpeg.len() * 4 / 5])]),
+        "messages[0].content[0]: the JPEG image is truncated (no end-of-image marker near its end)"
+    );
     let cut = refusal(&s, vec![data(&jpeg[..jpeg.len() / 3])]);
     assert!(
         cut.starts_with("messages[0].content[0]: the JPEG header does not decode"),
@@ -267,17 +272,37 @@ fn file_urls_read_only_inside_local_dirs() {
         .decode_all(&message(vec![ImageSource::File(inside)]))
         .expect("inside");
     assert_eq!((got[0].width, got[0].height), (8, 8));
-    for path in [outside, escape, allowed.join("../secret.png")] {
+    // Outside, escaping by a link or by `..`, missing, a directory, or anywhere else on
+    // the host: one answer, so nothing is learnt about which files exist.
+    for path in [
+        outside,
+        escape,
+        allowed.join("../secret.png"),
+        allowed.join("missing.png"),
+        allowed.clone(),
+        "/etc/passwd".into(),
+        "/nonexistent/x.png".into(),
+    ] {
         assert_eq!(
             refusal(&s, vec![ImageSource::File(path.clone())]),
             format!(
-                "messages[0].content[0].image_url.url: {} is not a file inside a directory of \
-                 media.local_dirs",
+                "messages[0].content[0].image_url.url: {} is not a readable file inside a \
+                 directory of media.local_dirs",
                 path.display()
             )
         );
     }
-    assert!(
-        refusal(&s, vec![ImageSource::File(allowed.join("missing.png"))]).contains("cannot read")
-    );
+    // A directory made after start-up counts.
+    let later = root.path().join("later");
+    let s = step(|c| c.local_dirs = vec![later.clone()]);
+    std::fs::create_dir(&later).expect("mkdir");
+    std::fs::write(
+        later.join("b.png"),
+        encode(&picture(3, 2), ImageFormat::Png),
+    )
+    .expect("write");
+    let got = s
+        .decode_all(&message(vec![ImageSource::File(later.join("b.png"))]))
+        .expect("inside a directory made later");
+    assert_eq!((got[0].width, got[0].height), (3, 2));
 }

@@ -130,6 +130,13 @@ fn file_url(at: &str, rest: &str) -> VResult<ImageSource> {
         Some(r) => r.strip_prefix("localhost").unwrap_or(r),
         None => rest,
     };
+    if path.contains(['?', '#']) {
+        return Err(InferError::validation(format!(
+            "{at}: a file: URL must not have a query or fragment (escape ? and # as %3F and \
+             %23; got {})",
+            quote_str(&format!("file:{rest}"))
+        )));
+    }
     if !path.starts_with('/') {
         return Err(InferError::validation(format!(
             "{at}: a file: URL must name an absolute local path (file:///dir/image.png; got {})",
@@ -243,6 +250,11 @@ mod tests {
             err(json!({"type": "image_url", "image_url": {"url": "file:relative.png"}})),
             "messages[0].content[1].image_url.url: a file: URL must name an absolute local path \
              (file:///dir/image.png; got \"file:relative.png\")"
+        );
+        assert_eq!(
+            err(json!({"type": "image_url", "image_url": {"url": "file:///a/b.png?x=1"}})),
+            "messages[0].content[1].image_url.url: a file: URL must not have a query or fragment \
+             (escape ? and # as %3F and %23; got \"file:///a/b.png?x=1\")"
         );
         assert_eq!(
             err(json!({"type": "image_url", "image_url": {"url": "ftp://h/x.png"}})),
