@@ -41,13 +41,13 @@ pub struct Prepare {
 }
 
 impl Prepare {
-    /// The request as the scheduler takes it, with its prompt and its chains (choice 0
-    /// first; at least one).
-    pub(super) fn into_prepared(self, prompt: Prompt, chains: Vec<SamplerChain>) -> Prepared {
-        let mut chains = chains.into_iter();
-        let chain = chains
-            .next()
-            .unwrap_or_else(|| SamplerChain::new(&self.request.sampling, &[]));
+    /// The request as the scheduler takes it, with its prompt and its chains (choice
+    /// 0's and the forks', as `SamplerChain::build` gives them).
+    pub(super) fn into_prepared(
+        self,
+        prompt: Prompt,
+        (chain, forks): (SamplerChain, Vec<SamplerChain>),
+    ) -> Prepared {
         Prepared {
             seq: self.seq,
             client_id: self.request.client_id,
@@ -60,7 +60,7 @@ impl Prepare {
             received_at: self.received_at,
             cache: self.request.cache,
             disk_hit: None,
-            forks: chains.collect(),
+            forks,
             adapter: self.adapter,
         }
     }

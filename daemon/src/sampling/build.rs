@@ -48,34 +48,34 @@ pub struct ChainParts<'a> {
 }
 
 impl SamplerChain {
-    /// The chains of every choice of a request with validated `params`: choice 0 first,
-    /// then choices `1..n`.
+    /// The chains of every choice of a request with validated `params`: choice 0's, and
+    /// those of choices `1..n` (the forks).
     ///
     /// # Errors
     /// `validation` for a schema, grammar or tool-parameter schema that does not
     /// compile (naming the field) or for a plugin config its plugin rejects;
     /// `plugin_trap` for a plugin that traps or times out in `configure`.
-    pub fn build(params: &SamplingParams, parts: &ChainParts<'_>) -> Result<Vec<Self>, InferError> {
-        (0..params.n.max(1))
-            .map(|i| {
-                let seeded;
-                let params = if i == 0 {
-                    params
-                } else {
-                    seeded = SamplingParams {
-                        seed: params.choice_seed(i),
-                        ..params.clone()
-                    };
-                    &seeded
-                };
-                let mut chain = Self::constrained(params, parts)?;
-                if let Some(p) = &parts.plugins {
-                    let plugins = p.registry.instantiate(p.specs, params.seed, p.client_id)?;
-                    chain.set_plugins(plugins);
-                }
-                Ok(chain)
-            })
-            .collect()
+    pub fn build(
+        params: &SamplingParams,
+        parts: &ChainParts<'_>,
+    ) -> Result<(Self, Vec<Self>), InferError> {
+        let chain = |i: usize| {
+            // `choice_seed(0)` is the request's seed.
+            let params = SamplingParams {
+                seed: params.choice_seed(i),
+                ..params.clone()
+            };
+            let mut chain = Self::constrained(&params, parts)?;
+            if let Some(p) = &parts.plugins {
+                let plugins = p.registry.instantiate(p.specs, params.seed, p.client_id)?;
+                chain.set_plugins(plugins);
+            }
+            Ok(chain)
+        };
+        Ok((
+            chain(0)?,
+            (1..params.n).map(chain).collect::<Result<_, _>>()?,
+        ))
     }
 
     /// One choice's chain without plugins: native processors, constraint and gate.
