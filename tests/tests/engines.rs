@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use inferd_e2e::{concurrently, ids_u64, run_python, workspace_root, Daemon};
+use inferd_e2e::{ids_u64, run_python, workspace_root, Daemon};
 use serde_json::{json, Value};
 
 /// The test profile plus two engines: the first of one thread, the second as `second`
@@ -224,8 +224,10 @@ async fn prefix_placement_keeps_one_engines_cache_hits() {
 }
 
 /// The tiny llama with its PEFT adapter: loaded once at start, it serves on both
-/// engines (two requests at once, one per engine) with transformers+peft's greedy
-/// tokens, and an unload reaches both.
+/// engines with transformers+peft's greedy tokens, and an unload reaches both.
+/// The first request runs until cancelled (`min_tokens` holds off its end), so the
+/// second is placed while the first engine is busy: on the other one, whatever the
+/// machine's speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adapter_serves_on_every_engine() {
     let peft = workspace_root().join("daemon/tests/fixtures/lora-peft/llama");
@@ -241,25 +243,57 @@ async fn an_adapter_serves_on_every_engine() {
         peft.display().to_string()
     );
     let d = Daemon::start_model(&model, Some(&config(dir.path(), &second)), &[]).expect("daemon");
-    let req = |id: &str| {
-        json!({"type": "generate", "id": id, "prompt": greedy["input_ids"], "adapter": "a",
-               "max_tokens": greedy["max_new_tokens"], "temperature": 0})
-    };
-    let outs = concurrently(&d.url, vec![req("p"), req("q")]).await;
     let want = ids_u64(&greedy["new_token_ids"]);
-    for g in &outs {
-        assert!(g.error.is_none(), "{:?}", g.error);
-        let ids: Vec<u64> = g.token_ids.iter().map(|&t| u64::from(t)).collect();
-        assert_eq!(ids, want);
-    }
+    let req = |id: &str, max_tokens: u64| {
+        json!({"type": "generate", "id": id, "prompt": greedy["input_ids"], "adapter": "a",
+               "max_tokens": max_tokens, "min_tokens": max_tokens, "temperature": 0})
+    };
     let mut c = d.connect().await.expect("connect");
+    // The long one, until its first token: it is running on the first engine.
+    c.send(&req("p", 400)).await.expect("send p");
+    let mut p = inferd_e2e::Generation::default();
+    while p.token_ids.is_empty() {
+        let f = c.recv().await.expect("frame");
+        assert!(!p.absorb(f), "p ended early: {:?}", p.error);
+    }
+    c.send(&req("q", want.len() as u64)).await.expect("send q");
+    let mut q = inferd_e2e::Generation::default();
+    let mut cancelled = false;
+    loop {
+        let f = c.recv().await.expect("frame");
+        match f["id"].as_str() {
+            Some("p") => {
+                if p.absorb(f) {
+                    break;
+                }
+            }
+            Some("q") => {
+                if q.absorb(f) {
+                    assert!(q.error.is_none(), "{:?}", q.error);
+                }
+            }
+            _ => panic!("unexpected frame {f}"),
+        }
+        if !cancelled && q.done.is_some() && p.token_ids.len() >= want.len() {
+            c.send(&json!({"type": "cancel", "id": "p"}))
+                .await
+                .expect("cancel");
+            cancelled = true;
+        }
+    }
+    assert!(cancelled, "q ended before p");
+    assert!(p.error.is_none(), "{:?}", p.error);
+    for g in [&p, &q] {
+        let ids: Vec<u64> = g.token_ids.iter().map(|&t| u64::from(t)).collect();
+        assert_eq!(ids[..want.len()], want[..]);
+    }
     assert_eq!(placed(&mut c).await, [1, 1]);
     let body = json!({"lora_name": "a"}).to_string();
     let r = d
         .http("POST", "/v1/unload_lora_adapter", &[], Some(&body))
         .expect("unload");
     assert_eq!(r.status, 200, "{}", r.body);
-    let g = c.generate(req("r")).await.expect("after unload");
+    let g = c.generate(req("r", 4)).await.expect("after unload");
     assert_eq!(g.error_type(), Some("model_not_found"), "{:?}", g.error);
 }
 
