@@ -228,6 +228,14 @@ impl Backend for HostBackend<'_> {
         })
     }
 
+    fn set_rows(&mut self, mut x: Rows, rows: &[(usize, &[f32])]) -> candle_core::Result<Rows> {
+        let w = x.width();
+        for &(r, v) in rows {
+            x.v[r * w..r * w + v.len()].copy_from_slice(v);
+        }
+        Ok(x)
+    }
+
     fn scale(&mut self, mut x: Rows, s: f32) -> candle_core::Result<Rows> {
         x.v.iter_mut().for_each(|a| *a *= s);
         Ok(x)

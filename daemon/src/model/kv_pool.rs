@@ -88,6 +88,20 @@ pub struct ForwardSeq<'a> {
     /// The LoRA adapter this sequence runs with (and its scale); `None` for the base
     /// model. Its K/V differ from the base's, so the caller keeps its blocks apart.
     pub adapter: Option<crate::model::lora::AdapterUse<'a>>,
+    /// Image rows and bidirectional ranges of this step (`None`: text only).
+    pub media: Option<&'a SeqMedia<'a>>,
+}
+
+/// What images change in one sequence's step: the rows that replace token
+/// embeddings, and the position ranges that attend bidirectionally.
+#[derive(Debug, Clone, Default)]
+pub struct SeqMedia<'a> {
+    /// `(row in tokens, values)`: `values` (`k · n_embd` f32, `k` rows) replace the
+    /// embeddings of rows `row .. row + k` of this step's tokens, after the embedding
+    /// scale (transformers' `masked_scatter` into `inputs_embeds`).
+    pub rows: Vec<(usize, &'a [f32])>,
+    /// [`SeqRows::bidirectional`], absolute positions.
+    pub bidirectional: Vec<std::ops::Range<usize>>,
 }
 
 impl<'a> ForwardSeq<'a> {
@@ -98,6 +112,7 @@ impl<'a> ForwardSeq<'a> {
             start_pos: self.start_pos,
             block_table: self.block_table,
             prompt_len: self.prompt_len,
+            bidirectional: self.media.map_or(&[], |m| m.bidirectional.as_slice()),
         }
     }
 }
@@ -725,6 +740,7 @@ pub(super) mod tests {
             logit_rows: 0,
             prompt_len: 0,
             adapter: None,
+            media: None,
         };
         let k = [0.1f32, 0.2, 0.3, 1e-9, -5.0, 6.0, 7.0, 8.0];
         pool.write_host(0, &[seq], &k, &k).unwrap();
@@ -755,6 +771,7 @@ pub(super) mod tests {
             logit_rows: 0,
             prompt_len: 0,
             adapter: None,
+            media: None,
         };
         for layer in 0..2 {
             let k = rand_vec(8 * 16, 10 + layer as u32);

@@ -23,6 +23,7 @@ pub mod rope;
 pub mod source;
 pub mod spec;
 pub mod transformer;
+pub mod vision;
 pub mod weights;
 
 #[cfg(test)]
@@ -38,7 +39,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Value;
 use candle_core::{DType, Device};
 
-pub use kv_pool::{ForwardSeq, KvBlockPool, KvDtype, KvLayout, SoloKv};
+pub use kv_pool::{ForwardSeq, KvBlockPool, KvDtype, KvLayout, SeqMedia, SoloKv};
 pub use matrix::{Kernels, MatrixPolicy, Quantize};
 pub use spec::{Architecture, ModelSpec};
 pub use transformer::Model;
@@ -146,6 +147,17 @@ pub struct LoadedModel {
     pub path: PathBuf,
     /// Its format.
     pub format: ModelFormat,
+    /// The vision side of a vision-language checkpoint (`None`: a text model).
+    pub vision: Option<LoadedVision>,
+}
+
+/// A vision-language model's vision side as loaded.
+#[derive(Debug)]
+pub struct LoadedVision {
+    /// The tower and projector.
+    pub tower: vision::VisionTower,
+    /// The checkpoint's whole `config.json` (token ids, family, projector settings).
+    pub config: serde_json::Value,
 }
 
 /// Loads a GGUF file, or a Hugging Face directory (a path that is a directory).
@@ -164,12 +176,20 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> 
         } else {
             KvDtype::F16
         };
+        let vision = match src.take_vision() {
+            Some((config, tensors)) => Some(LoadedVision {
+                tower: vision::VisionTower::from_hf(&config, tensors, device)?,
+                config,
+            }),
+            None => None,
+        };
         let weights = weights::build(&mut src, &spec, opts.matrices, device)?;
         return Ok(LoadedModel {
             model: Model::new(spec, weights, kv, device)?,
             metadata: HashMap::new(),
             path: path.to_path_buf(),
             format: ModelFormat::HfDir,
+            vision,
         });
     }
     let mut src = source::gguf::GgufSource::open(path)?;
@@ -188,5 +208,6 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> 
         metadata,
         path: path.to_path_buf(),
         format: ModelFormat::Gguf,
+        vision: None,
     })
 }

@@ -57,20 +57,22 @@ fn host(t: &Tensor) -> candle_core::Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
 }
 
-/// Additive mask `(L, start + L)`: 0 where key `j ≤ start + i` (and, with a window,
-/// `j > start + i − window`), −∞ elsewhere.
+/// Additive mask `(L, start + L)`: 0 where key `j ≤ start + i` (or, inside a
+/// bidirectional range, `j` before its end; and, with a window, `j > start + i −
+/// window`), −∞ elsewhere.
 fn attention_mask(
-    len: usize,
-    start: usize,
+    seq: &inferd_kernels::attention::SeqRows<'_>,
     window: Option<usize>,
     device: &Device,
 ) -> candle_core::Result<Tensor> {
+    let (len, start) = (seq.rows, seq.start_pos);
     let kv_len = start + len;
     let mask: Vec<f32> = (0..len)
         .flat_map(|i| {
             let pos = start + i;
+            let end = seq.key_end(pos);
             (0..kv_len).map(move |j| {
-                let seen = j <= pos && window.is_none_or(|w| j + w > pos);
+                let seen = j < end && window.is_none_or(|w| j + w > pos);
                 if seen {
                     0.0
                 } else {
@@ -176,7 +178,7 @@ impl TensorBackend<'_> {
             let att = (qs.matmul(&k_all.t()?)? * f64::from(s.scale))?;
             let needs_mask = len > 1 || s.window.is_some_and(|w| kv_len > w);
             let att = if needs_mask {
-                let mask = attention_mask(len, seq.start_pos, s.window, &self.device)?;
+                let mask = attention_mask(&seq.rows(), s.window, &self.device)?;
                 att.reshape((s.n_kv_head, group, len, kv_len))?
                     .broadcast_add(&mask)?
                     .reshape((s.n_kv_head, group * len, kv_len))?
@@ -201,6 +203,15 @@ impl Backend for TensorBackend<'_> {
 
     fn embed(&mut self, m: &Matrix, ids: &[u32]) -> candle_core::Result<Tensor> {
         m.rows(ids, &self.device)
+    }
+
+    fn set_rows(&mut self, x: Tensor, rows: &[(usize, &[f32])]) -> candle_core::Result<Tensor> {
+        let (n, w) = x.dims2()?;
+        let mut v = host(&x)?;
+        for &(r, vals) in rows {
+            v[r * w..r * w + vals.len()].copy_from_slice(vals);
+        }
+        Tensor::from_vec(v, (n, w), &self.device)?.to_dtype(x.dtype())
     }
 
     fn scale(&mut self, x: Tensor, s: f32) -> candle_core::Result<Tensor> {

@@ -89,6 +89,7 @@ pub(crate) fn all_logits_with(
         logit_rows: tokens.len(),
         prompt_len: tokens.len(),
         adapter,
+        media: None,
     };
     model
         .forward_batch(&[seq], pool)
@@ -271,6 +272,7 @@ fn tensor_backend_matches_transformers_on_every_architecture() {
                 logit_rows: rows,
                 prompt_len: 0,
                 adapter: None,
+                media: None,
             };
             let out = model.forward_batch_ops(&[seq], &mut pool).expect("forward");
             if rows == 1 {

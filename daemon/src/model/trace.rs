@@ -52,6 +52,10 @@ impl Backend for TraceBackend<'_> {
         Ok(x)
     }
 
+    fn set_rows(&mut self, x: Rows, rows: &[(usize, &[f32])]) -> candle_core::Result<Rows> {
+        self.inner.set_rows(x, rows)
+    }
+
     fn scale(&mut self, x: Rows, s: f32) -> candle_core::Result<Rows> {
         let x = self.inner.scale(x, s)?;
         // The embedding scale comes first; later scales are the queries' (Gemma 3).

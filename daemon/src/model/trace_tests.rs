@@ -68,6 +68,7 @@ fn compare_with_llama_cpp_dump() {
         logit_rows: 1,
         prompt_len: tokens.len(),
         adapter: None,
+        media: None,
     };
     let step: u32 = std::env::var("INFERD_LLAMA_STEP")
         .ok()
@@ -91,6 +92,7 @@ fn compare_with_llama_cpp_dump() {
                     logit_rows: 1,
                     prompt_len: tokens.len(),
                     adapter: None,
+                    media: None,
                 }],
                 &mut KvBlockPool::new(&model.kv_layout(), 16, blocks, &Device::Cpu).expect("pool"),
             )
@@ -114,6 +116,7 @@ fn compare_with_llama_cpp_dump() {
             logit_rows: 1,
             prompt_len: tokens.len(),
             adapter: None,
+            media: None,
         };
         ours = model.forward_traced(&[seq], &mut pool).expect("decode");
         tokens = vec![best];

@@ -28,6 +28,13 @@ pub trait Backend {
     type Act;
     /// Embedding rows of `ids`, `(T, n_embd)`.
     fn embed(&mut self, m: &Matrix, ids: &[u32]) -> candle_core::Result<Self::Act>;
+    /// `x` with rows `row .. row + k` replaced by `values` (`k · width` f32) for each
+    /// `(row, values)`: image features in place of their placeholder tokens.
+    fn set_rows(
+        &mut self,
+        x: Self::Act,
+        rows: &[(usize, &[f32])],
+    ) -> candle_core::Result<Self::Act>;
     /// `x · s`.
     fn scale(&mut self, x: Self::Act, s: f32) -> candle_core::Result<Self::Act>;
     /// RMSNorm of each row (`x / √(mean(x²) + ε) · w`; Zhang & Sennrich 2019).
@@ -136,6 +143,19 @@ pub(super) struct BatchInputs {
     pub wanted: Vec<u32>,
 }
 
+/// Image rows of the batch, `(row in the batch, values)` ([`super::kv_pool::SeqMedia`]).
+fn batch_media_rows<'a>(seqs: &[ForwardSeq<'a>]) -> Vec<(usize, &'a [f32])> {
+    let mut out = Vec::new();
+    let mut row0 = 0;
+    for s in seqs {
+        if let Some(m) = s.media {
+            out.extend(m.rows.iter().map(|&(r, v)| (row0 + r, v)));
+        }
+        row0 += s.tokens.len();
+    }
+    out
+}
+
 impl Model {
     /// Builds the model from its parts, with RoPE tables for `spec.context_length`
     /// positions (one table per distinct base).
@@ -236,6 +256,7 @@ impl Model {
             logit_rows: 1,
             prompt_len,
             adapter,
+            media: None,
         };
         let logits = self.forward_batch(&[seq], pool)?;
         cache.advance(tokens.len());
@@ -268,7 +289,7 @@ impl Model {
         if pool.is_host() && self.device.is_cpu() {
             let mut be =
                 super::host::HostBackend::new(pool, seqs, &b.positions, self.spec.numerics);
-            self.decode(&mut be, &b)
+            self.decode(&mut be, &b, seqs)
         } else {
             self.forward_ops_inner(seqs, pool, &b)
         }
@@ -304,7 +325,7 @@ impl Model {
             self.spec.numerics,
             &self.device,
         )?;
-        self.decode(&mut be, b)
+        self.decode(&mut be, b, seqs)
     }
 
     /// Checks the batch and flattens it (ids, positions, wanted rows); `None` for a
@@ -361,7 +382,7 @@ impl Model {
         };
         let host = super::host::HostBackend::new(pool, seqs, &b.positions, self.spec.numerics);
         let mut be = super::trace::TraceBackend::new(host);
-        self.decode(&mut be, &b)?;
+        self.decode(&mut be, &b, seqs)?;
         Ok(be.out)
     }
 
@@ -369,11 +390,26 @@ impl Model {
         &self,
         be: &mut B,
         b: &BatchInputs,
+        seqs: &[ForwardSeq<'_>],
     ) -> candle_core::Result<Option<Tensor>> {
         let s = &self.spec;
         let mut x = be.embed(self.weights.embedding_matrix(), &b.ids)?;
         if let Some(sc) = s.embed_scale {
             x = be.scale(x, sc)?;
+        }
+        let media = batch_media_rows(seqs);
+        if !media.is_empty() {
+            for &(r, v) in &media {
+                if v.len() % s.n_embd != 0 || r + v.len() / s.n_embd > b.ids.len() {
+                    candle_core::bail!(
+                        "image rows at {r}: {} values for rows of {} in a batch of {}",
+                        v.len(),
+                        s.n_embd,
+                        b.ids.len()
+                    );
+                }
+            }
+            x = be.set_rows(x, &media)?;
         }
         let last_layer = self.weights.layers.len().saturating_sub(1);
         for (l, w) in self.weights.layers.iter().enumerate() {

@@ -425,6 +425,7 @@ mod tests {
             start_pos: 0,
             block_table: &table,
             prompt_len: 0,
+            bidirectional: &[],
         };
         let mut k = rand_vec(n * hd, 3);
         let v = rand_vec(n * hd, 4);
@@ -463,6 +464,7 @@ mod tests {
                     start_pos: 0,
                     q: &q,
                     offs: &offs,
+                    bidirectional: &[],
                 };
                 let a = attend_head(&kc, &vc, &item, Simd::detect());
                 let b = attend_head(&kc, &vc, &item, Simd::Scalar);

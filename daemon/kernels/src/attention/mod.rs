@@ -66,6 +66,31 @@ pub struct SeqRows<'a> {
     /// Length of the request's prompt (0 when unknown): with `ggml`, prompt rows of long
     /// prompts take the tiled kernel ([`tiled::tiled_row`]).
     pub prompt_len: usize,
+    /// Position ranges attended bidirectionally (sorted, disjoint): a query inside one
+    /// also sees the keys after it up to the range's end (Gemma 3's image tokens,
+    /// transformers `modeling_gemma3.py` `token_type_ids_mask_function`). Their keys
+    /// must be in the cache by this step: a range is never split between steps.
+    pub bidirectional: &'a [Range<usize>],
+}
+
+impl SeqRows<'_> {
+    /// End of the keys a query at `pos` sees: past itself, or its range's end.
+    #[inline]
+    pub fn key_end(&self, pos: usize) -> usize {
+        key_end(self.bidirectional, pos)
+    }
+}
+
+#[inline]
+fn key_end(bidirectional: &[Range<usize>], pos: usize) -> usize {
+    let causal = pos + 1;
+    if bidirectional.is_empty() {
+        return causal;
+    }
+    bidirectional
+        .iter()
+        .find(|s| s.contains(&pos))
+        .map_or(causal, |s| s.end.max(causal))
 }
 
 /// Causal grouped-query attention of one layer over the paged cache `kv` with blocks
@@ -74,8 +99,8 @@ pub struct SeqRows<'a> {
 /// `q` is `(T, n_head · head_dim)` f32 after RoPE, rows in batch order (the rows of
 /// `seqs[0]`, then `seqs[1]`, ...). Query row `r` of a sequence sits at position
 /// `start_pos + r` and attends to that sequence's positions `0 ..= start_pos + r`
-/// (the last `window` of them under a sliding window), which the cache must already
-/// hold. Returns `(T, n_head · head_dim)` f32.
+/// (the last `window` of them under a sliding window; to the end of its
+/// [`SeqRows::bidirectional`] range inside one), which the cache must already hold. Returns `(T, n_head · head_dim)` f32.
 ///
 /// Per query head: `s_j = (q · k_j) · scale`, `w = softmax(s)`, `y = Σ_j w_j v_j`, in
 /// ascending `j`. Every query row is computed by the same code whatever else is in the
@@ -118,14 +143,19 @@ pub fn attend(
     let simd = flash::Simd::detect();
     let run = |&(i, h, r0, r1): &(usize, usize, usize, usize)| -> Vec<f32> {
         let seq = &seqs[i];
-        let offs = key_offsets(block_size, seq, h, seq.start_pos + r1, shape);
         let item = |rows: Range<usize>| HeadRows {
             shape,
             h,
             rows,
             start_pos: seq.start_pos,
             q: &q[row0[i] * row_width..],
+            offs: &[],
+            bidirectional: seq.bidirectional,
+        };
+        let offs = key_offsets(block_size, seq, h, item(r0..r1).max_keys(), shape);
+        let item = |rows: Range<usize>| HeadRows {
             offs: &offs,
+            ..item(rows)
         };
         match kv {
             KvLayer::F16(kc, vc) if ggml => {
@@ -183,6 +213,8 @@ pub struct HeadRows<'a> {
     /// `offs[j]`: where key/value `j` of this head's KV head starts in the layer's
     /// arrays, for every key any of the rows sees.
     pub offs: &'a [usize],
+    /// [`SeqRows::bidirectional`].
+    pub bidirectional: &'a [Range<usize>],
 }
 
 impl HeadRows<'_> {
@@ -193,17 +225,24 @@ impl HeadRows<'_> {
         &self.q[r * w + self.h * hd..r * w + (self.h + 1) * hd]
     }
 
-    /// The keys row `r` sees: the last `window` of `0 ..= start_pos + r`, or all.
+    /// The keys row `r` sees: the last `window` of `0 ..= start_pos + r`, or all; up
+    /// to its bidirectional range's end inside one.
     #[inline]
     pub fn keys(&self, r: usize) -> Range<usize> {
-        let n_keys = self.start_pos + r + 1;
-        first_key(n_keys, self.shape.window)..n_keys
+        let pos = self.start_pos + r;
+        first_key(pos + 1, self.shape.window)..key_end(self.bidirectional, pos)
     }
 
     /// Keys seen by any of the rows end before this.
     #[inline]
     pub fn max_keys(&self) -> usize {
-        self.start_pos + self.rows.end
+        let causal = self.start_pos + self.rows.end;
+        let first = self.start_pos + self.rows.start;
+        self.bidirectional
+            .iter()
+            .filter(|s| s.start < causal && s.end > first)
+            .map(|s| s.end)
+            .fold(causal, usize::max)
     }
 }
 

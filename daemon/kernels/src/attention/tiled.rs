@@ -302,6 +302,7 @@ mod tests {
                     start_pos,
                     q: &q,
                     offs: &offs,
+                    bidirectional: &[],
                 };
                 let got = attend_head(&kc, &vc, &item);
                 assert_eq!(got.len(), want.len());

@@ -157,6 +157,7 @@ fn a_batch_mixing_adapters_gives_each_row_its_solo_logits() {
                 logit_rows: 1,
                 prompt_len: prompt.len(),
                 adapter: *u,
+                media: None,
             })
             .collect();
         let rows = model
@@ -352,6 +353,7 @@ fn tensor_backend_applies_adapters_on_every_architecture() {
             logit_rows: 1,
             prompt_len: 0,
             adapter: use_of(&a),
+            media: None,
         };
         let ours = model
             .forward_batch_ops(&[seq], &mut pool)

@@ -17,6 +17,7 @@ use super::super::spec::{
 };
 use super::super::weights::{ExpertRole, LayerRole, Role, WeightSource};
 use super::super::{candle_error_message, ModelError};
+use super::hf_vlm::{text_config, VlmFamily, SUPPORTED_VLM};
 use super::{quote, read_bounded};
 
 /// Largest `config.json` / index file read, bytes.
@@ -26,6 +27,9 @@ const MAX_JSON_BYTES: u64 = 16 << 20;
 pub struct HfSource {
     arch: Architecture,
     config: Value,
+    /// A vision-language checkpoint's whole `config.json` and its vision-side tensors
+    /// (`config` is then its `text_config`).
+    vision: Option<(Value, HashMap<String, Tensor>)>,
     tensors: HashMap<String, Tensor>,
     /// Which file each tensor came from, for messages.
     files: HashMap<String, PathBuf>,
@@ -58,12 +62,33 @@ impl HfSource {
                 key: format!("{}: architectures[0]", cfg_path.display()),
                 message: "missing or not a string".into(),
             })?;
-        let arch =
-            Architecture::from_hf(class).ok_or_else(|| ModelError::UnsupportedArchitecture {
-                key: format!("{}: architectures[0]", cfg_path.display()),
-                value: quote(class),
-                supported: SUPPORTED_HF.into(),
-            })?;
+        let vlm = VlmFamily::from_hf(class);
+        let (arch, config, root) = match vlm {
+            Some(family) => {
+                let text = text_config(&config).ok_or_else(|| ModelError::Metadata {
+                    key: format!("{}: text_config", cfg_path.display()),
+                    message: format!("missing or not an object (needed by {class})"),
+                })?;
+                let arch =
+                    family
+                        .text_architecture(&text)
+                        .map_err(|message| ModelError::Metadata {
+                            key: format!("{}: text_config.model_type", cfg_path.display()),
+                            message,
+                        })?;
+                (arch, text, Some(config))
+            }
+            None => {
+                let arch = Architecture::from_hf(class).ok_or_else(|| {
+                    ModelError::UnsupportedArchitecture {
+                        key: format!("{}: architectures[0]", cfg_path.display()),
+                        value: quote(class),
+                        supported: format!("{SUPPORTED_HF}, {SUPPORTED_VLM}"),
+                    }
+                })?;
+                (arch, config, None)
+            }
+        };
         let mut files = Vec::new();
         let index = dir.join("model.safetensors.index.json");
         if index.is_file() {
@@ -91,6 +116,7 @@ impl HfSource {
             files.push(dir.join("model.safetensors"));
         }
         let mut tensors = HashMap::new();
+        let mut vision = HashMap::new();
         let mut origin = HashMap::new();
         for f in &files {
             let display = f.display().to_string();
@@ -119,13 +145,27 @@ impl HfSource {
                         message: format!("dtype {:?} (supported: F32, F16, BF16)", t.dtype()),
                     });
                 }
+                let name = match vlm {
+                    Some(family) => family.rename(&name),
+                    None => name,
+                };
                 origin.insert(name.clone(), f.clone());
-                tensors.insert(name, t);
+                match vlm {
+                    Some(family)
+                        if family.vision_prefixes().iter().any(|p| name.starts_with(p)) =>
+                    {
+                        vision.insert(name, t);
+                    }
+                    _ => {
+                        tensors.insert(name, t);
+                    }
+                }
             }
         }
         Ok(Self {
             arch,
             config,
+            vision: root.map(|root| (root, vision)),
             tensors,
             files: origin,
             norm_offset: if arch == Architecture::Gemma3 {
@@ -134,6 +174,12 @@ impl HfSource {
                 0.0
             },
         })
+    }
+
+    /// A vision-language checkpoint's whole `config.json` and vision-side tensors
+    /// (stored dtypes, CPU), taken out of the source; `None` for a text model.
+    pub fn take_vision(&mut self) -> Option<(Value, HashMap<String, Tensor>)> {
+        self.vision.take()
     }
 
     /// The architecture.

@@ -5,6 +5,7 @@
 pub mod gguf;
 pub mod gguf_types;
 pub mod hf;
+pub mod hf_vlm;
 
 #[cfg(test)]
 mod fuzz_tests;
