@@ -95,6 +95,7 @@ fn batched_decode(runner: &mut ModelRunner, n: usize, steps: usize) -> f64 {
     let mut run_step = |next: &mut Vec<Vec<u32>>, pos: &mut Vec<usize>| {
         let items = (0..n)
             .map(|i| BatchItem {
+                images: Vec::new(),
                 seq: SeqId(i as u64),
                 tokens: next[i].clone(),
                 start_pos: pos[i],

@@ -46,6 +46,8 @@ pub struct Loaded {
     /// The compute team of this engine's kernels (`[[engines]]`; `None`: the
     /// process-wide team).
     pub(super) team: Option<TeamRef>,
+    /// The prompt side of a vision-language model (`None`: text only).
+    pub(super) vision: Option<crate::prepare::vision::VisionPrompt>,
 }
 
 /// Loads every engine (`[[engines]]`, or the one `[model]` describes), one after the
@@ -128,9 +130,29 @@ pub fn load(
         ModelFormat::Gguf => TextTokenizer::from_gguf(&loaded.metadata),
         ModelFormat::HfDir => TextTokenizer::from_hf_dir(&loaded.path),
     };
-    let tokenizer = Arc::new(
-        tokenizer.with_context(|| format!("tokenizer of {}", settings.model.path.display()))?,
-    );
+    let mut tokenizer =
+        tokenizer.with_context(|| format!("tokenizer of {}", settings.model.path.display()))?;
+    // A vision-language template reads each message's content as parts.
+    tokenizer.set_content_parts(loaded.vision.is_some());
+    let mut loaded = loaded;
+    let vision = match loaded.vision.take() {
+        Some(v) => {
+            let prompt = crate::prepare::vision::VisionPrompt::from_hf(
+                &loaded.path,
+                &v.config,
+                &tokenizer,
+                v.tower.tokens_per_frame(),
+            )
+            .map_err(|e| anyhow::anyhow!("{}: {e}", settings.model.path.display()))?;
+            tracing::info!(
+                tokens_per_image = v.tower.tokens_per_frame(),
+                "vision tower loaded"
+            );
+            Some((v.tower, prompt))
+        }
+        None => None,
+    };
+    let tokenizer = Arc::new(tokenizer);
     if let Some(t) = load_chat_template(&settings.model.chat_template, &tokenizer)? {
         tokenizer.set_template_override(Some(t));
     }
@@ -231,6 +253,13 @@ pub fn load(
     crate::service::status("opening the prefix store");
     let prefix = open_prefix_store(settings, &cfg, &pool, loaded.model.device())?;
     let mut model_runner = ModelRunner::new(loaded.model, pool);
+    let vision_prompt = match vision {
+        Some((tower, prompt)) => {
+            model_runner = model_runner.with_vision(tower);
+            Some(prompt)
+        }
+        None => None,
+    };
     let mut spec_costs = SpecCosts {
         row_cost: DEFAULT_ROW_COST,
         draft_cost: None,
@@ -316,6 +345,7 @@ pub fn load(
         adapters,
         kv_events,
         team: None,
+        vision: vision_prompt,
     })
 }
 

@@ -57,6 +57,7 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
     let vocab = first.vocab.clone();
     let model_id = first.model_id.clone();
     let adapters = first.adapters.clone();
+    let first_vision = first.vision.take();
     let plugins = first
         .plugins
         .take()
@@ -92,7 +93,7 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
         model_id: model_id.clone(),
         grammars,
         media: MediaStep::new(&settings.media),
-        takes_images: false,
+        vision: first_vision,
     });
     let pool = |threads: usize| {
         let (shared, placer, setup) = (shared.clone(), placer.clone(), plugin_setup.clone());

@@ -61,6 +61,10 @@ pub struct Metrics {
     /// Connections closed because a request's headers did not arrive within
     /// `server.header_timeout_ms` (slowloris, or idle keep-alive).
     pub connection_header_timeouts: IntCounter,
+    /// Prompt images the vision tower encoded.
+    pub images_encoded: IntCounter,
+    /// Vision-tower time per step that encoded images, seconds.
+    pub image_encode: Histogram,
     running: IntGauge,
     waiting: IntGauge,
     kv_blocks_used: IntGauge,
@@ -168,6 +172,21 @@ impl Metrics {
                 hist(
                     "e2e_request_latency_seconds",
                     "Request acceptance to its final event",
+                    LATENCY_BUCKETS,
+                )?,
+            ),
+            images_encoded: registered(
+                &r,
+                IntCounter::new(
+                    "images_encoded_total",
+                    "Prompt images the vision tower encoded",
+                )?,
+            ),
+            image_encode: registered(
+                &r,
+                hist(
+                    "image_encode_seconds",
+                    "Vision-tower time of each step that encoded images",
                     LATENCY_BUCKETS,
                 )?,
             ),
@@ -439,6 +458,13 @@ impl Metrics {
 
 static METRICS: LazyLock<Metrics> =
     LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
+
+/// The model runner encoded `images` prompt images in `time`.
+pub fn record_images_encoded(images: usize, time: std::time::Duration) {
+    let m = metrics();
+    m.images_encoded.inc_by(images as u64);
+    m.image_encode.observe(time.as_secs_f64());
+}
 
 /// The daemon's metrics.
 pub fn metrics() -> &'static Metrics {

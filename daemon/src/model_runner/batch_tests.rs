@@ -65,6 +65,7 @@ fn batched(runner: &mut ModelRunner, prompts: &[Vec<u32>], steps: usize) -> Vec<
     for _ in 0..=steps {
         let items = (0..prompts.len())
             .map(|i| BatchItem {
+                images: Vec::new(),
                 seq: SeqId(i as u64),
                 tokens: next[i].clone(),
                 start_pos: pos[i],
@@ -129,6 +130,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
     for chunk in [16usize, 16, 8] {
         let items = vec![
             BatchItem {
+                images: Vec::new(),
                 seq: SeqId(1),
                 tokens: long[long_pos..long_pos + chunk].to_vec(),
                 start_pos: long_pos,
@@ -140,6 +142,7 @@ fn chunked_prefill_mixed_with_decodes_equals_solo() {
                 adapter: None,
             },
             BatchItem {
+                images: Vec::new(),
                 seq: SeqId(2),
                 tokens: short_next.clone(),
                 start_pos: short_pos,
@@ -228,6 +231,7 @@ fn bad_block_tables_are_errors_not_panics() {
     let pool = KvBlockPool::new(&model.kv_layout(), BLOCK, 4, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let item = |tokens: usize, table: Vec<u32>| BatchItem {
+        images: Vec::new(),
         seq: SeqId(1),
         tokens: vec![300; tokens],
         start_pos: 0,
@@ -290,6 +294,7 @@ fn host_path_equals_tensor_ops_path_bit_for_bit() {
                     logit_rows: usize::from(i != 1),
                     prompt_len: prompts[i].len(),
                     adapter: None,
+                    media: None,
                 })
                 .collect();
             let [host_pool, ops_pool] = &mut pools;
@@ -346,6 +351,7 @@ fn every_prompt_row_equals_the_decode_step_at_its_position() {
     let mut rows = Vec::new();
     for (start, end) in [(0usize, 9usize), (9, 17)] {
         let item = BatchItem {
+            images: Vec::new(),
             seq: SeqId(1),
             tokens: prompt[start..end].to_vec(),
             start_pos: start,
@@ -402,6 +408,7 @@ fn verification_rows_equal_one_row_decode_steps_bit_for_bit() {
                     rows: usize,
                     table: Vec<u32>,
                     prompt_len: usize| BatchItem {
+            images: Vec::new(),
             seq: SeqId(seq),
             tokens,
             start_pos,

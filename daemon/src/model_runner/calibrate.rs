@@ -57,6 +57,7 @@ fn step(
             logit_rows: rows,
             prompt_len: PROBE_PROMPT,
             adapter: None,
+            media: None,
         };
         model.forward_batch(&[seq], pool).map(drop)
     })
@@ -72,6 +73,7 @@ fn prefill(model: &Model, pool: &mut KvBlockPool, table: &[u32]) -> candle_core:
         logit_rows: 1,
         prompt_len: PROBE_PROMPT,
         adapter: None,
+        media: None,
     };
     model.forward_batch(&[seq], pool).map(drop)
 }

@@ -3,6 +3,7 @@
 
 mod actor;
 mod calibrate;
+mod media;
 mod runner;
 
 pub use calibrate::SpecCosts;

@@ -72,6 +72,9 @@ pub struct BatchItem {
     /// The sequence's LoRA adapter and its request scale (`None`: the base model). The
     /// draft model drafts for the base.
     pub adapter: Option<BatchAdapter>,
+    /// The prompt's images with placeholder tokens among `tokens` (the runner encodes
+    /// each on first use and puts its rows in their place).
+    pub images: Vec<std::sync::Arc<crate::request::PromptImage>>,
 }
 
 /// A batch row's LoRA adapter: the resident weights and the request's scale (equal when
@@ -175,6 +178,8 @@ pub struct ModelRunner {
     persist: Option<PersistSink>,
     /// The draft model and its KV pool (same block ids as `pool`).
     draft: Option<(Model, KvBlockPool)>,
+    /// The vision tower of a vision-language model.
+    vision: Option<crate::model::vision::VisionTower>,
 }
 
 impl ModelRunner {
@@ -185,7 +190,14 @@ impl ModelRunner {
             pool,
             persist: None,
             draft: None,
+            vision: None,
         }
+    }
+
+    /// Adds the vision tower that encodes prompt images.
+    pub fn with_vision(mut self, tower: crate::model::vision::VisionTower) -> Self {
+        self.vision = Some(tower);
+        self
     }
 
     /// Adds a draft model for speculative decoding, with its own KV pool of as many
@@ -251,10 +263,17 @@ impl ModelRunner {
         for (item, d) in batch.items.iter_mut().zip(&drafts) {
             item.tokens.extend_from_slice(d);
         }
+        let encoded = super::media::encode_pending(self.vision.as_ref(), &batch.items);
+        if encoded.images > 0 {
+            crate::metrics::record_images_encoded(encoded.images, encoded.time);
+        }
+        let media: Vec<Option<crate::model::SeqMedia<'_>>> =
+            batch.items.iter().map(super::media::seq_media).collect();
         let seqs: Vec<ForwardSeq<'_>> = batch
             .items
             .iter()
-            .map(|i| ForwardSeq {
+            .zip(&media)
+            .map(|(i, m)| ForwardSeq {
                 tokens: &i.tokens,
                 start_pos: i.start_pos,
                 block_table: &i.block_table,
@@ -264,6 +283,7 @@ impl ModelRunner {
                     adapter: &a.lora,
                     scale: a.scale,
                 }),
+                media: m.as_ref(),
             })
             .collect();
         let result = self
@@ -299,11 +319,11 @@ impl ModelRunner {
         match result {
             Ok(rows) => {
                 let mut rows = rows.unwrap_or_default().into_iter();
-                for (item, drafts) in batch.items.iter().zip(drafts) {
+                for ((item, drafts), fail) in batch.items.iter().zip(drafts).zip(encoded.failed) {
                     let logits: Vec<Vec<f32>> = rows.by_ref().take(item.logit_rows).collect();
                     out.items.push(ItemOutput {
                         seq: item.seq,
-                        logits: Ok(logits),
+                        logits: fail.map_or(Ok(logits), Err),
                         drafts,
                     });
                 }
@@ -353,6 +373,7 @@ impl ModelRunner {
                     logit_rows: 1,
                     prompt_len: items[*i].prompt_len,
                     adapter: None,
+                    media: None,
                 })
                 .collect();
             let rows = match model.forward_batch(&seqs, pool)? {

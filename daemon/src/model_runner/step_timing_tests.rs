@@ -96,6 +96,7 @@ fn verification_step_timing() {
     let pool = KvBlockPool::new(&model.kv_layout(), bs, 16 * per_seq, &Device::Cpu).expect("pool");
     let mut runner = ModelRunner::new(model, pool);
     let item = |s: usize, tokens: Vec<u32>, start_pos: usize, rows: usize| BatchItem {
+        images: Vec::new(),
         seq: SeqId(s as u64),
         tokens,
         start_pos,

@@ -209,6 +209,32 @@ pub fn chain_hash(parent: &BlockHash, fingerprint: &ModelFingerprint, tokens: &[
     BlockHash(h.finalize().into())
 }
 
+/// [`chain_hash`] of a block that holds image placeholder tokens: the content hashes
+/// of its images (in prompt order) follow the token ids, so equal tokens with other
+/// pictures give another hash (vLLM's `extra_keys` of multimodal blocks). With no
+/// image it is [`chain_hash`].
+pub fn chain_hash_with(
+    parent: &BlockHash,
+    fingerprint: &ModelFingerprint,
+    tokens: &[u32],
+    images: &[[u8; 32]],
+) -> BlockHash {
+    if images.is_empty() {
+        return chain_hash(parent, fingerprint, tokens);
+    }
+    let mut h = Sha256::new();
+    h.update(parent.0);
+    h.update(fingerprint.0);
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.update(b"images");
+    for i in images {
+        h.update(i);
+    }
+    BlockHash(h.finalize().into())
+}
+
 /// Extends `hashes` (the hashes of the first `hashes.len()` full blocks of `tokens`) to
 /// cover the first `n_blocks` full blocks of `block_size` tokens, starting the chain at
 /// `root`. Does nothing when `tokens` holds fewer full blocks.
@@ -220,12 +246,28 @@ pub fn extend_hashes(
     block_size: usize,
     n_blocks: usize,
 ) {
+    extend_hashes_with(hashes, root, fingerprint, tokens, &[], block_size, n_blocks);
+}
+
+/// [`extend_hashes`] for a prompt with `images`: a block holding one of their tokens
+/// is hashed with their content hashes ([`chain_hash_with`]).
+pub fn extend_hashes_with(
+    hashes: &mut Vec<BlockHash>,
+    root: &BlockHash,
+    fingerprint: &ModelFingerprint,
+    tokens: &[u32],
+    images: &[std::sync::Arc<crate::request::PromptImage>],
+    block_size: usize,
+    n_blocks: usize,
+) {
     let n_blocks = n_blocks.min(tokens.len() / block_size.max(1));
     while hashes.len() < n_blocks {
         let i = hashes.len();
         let parent = hashes.last().copied().unwrap_or(*root);
         let block = &tokens[i * block_size..(i + 1) * block_size];
-        hashes.push(chain_hash(&parent, fingerprint, block));
+        let keys =
+            crate::request::media::block_images(images, i * block_size, (i + 1) * block_size);
+        hashes.push(chain_hash_with(&parent, fingerprint, block, &keys));
     }
 }
 

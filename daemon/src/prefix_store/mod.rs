@@ -25,6 +25,7 @@ pub use actor::{
 };
 pub use disk::{DiskCounters, DiskReader, DiskStore, RunRead, StoreError};
 pub use hash::{
-    chain_hash, root_hash, root_hash_with, BlockHash, FingerprintParts, ModelFingerprint,
+    chain_hash, chain_hash_with, root_hash, root_hash_with, BlockHash, FingerprintParts,
+    ModelFingerprint,
 };
 pub use memory::MemoryIndex;

@@ -11,7 +11,7 @@ use actix::{Actor, Addr, Handler, Message, SyncContext};
 use super::media::{DecodedImage, MediaStep};
 use super::placement::Placer;
 use super::plugins::{PluginSetupActor, SetupPlugins};
-use super::prompt::{render, Prompt};
+use super::prompt::{render, render_with_images, Prompt};
 use crate::error::InferError;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
 use crate::sampling::build::ChainParts;
@@ -62,6 +62,7 @@ impl Prepare {
             disk_hit: None,
             forks,
             adapter: self.adapter,
+            images: prompt.images,
         }
     }
 }
@@ -95,10 +96,9 @@ pub struct PrepareShared {
     pub grammars: Arc<LazyCompiler>,
     /// Image reading and decoding under `[media]`.
     pub media: MediaStep,
-    /// Whether the model takes images (it has a vision tower). False for every model
-    /// the loader builds today (issue 38 adds the towers): images are then refused
-    /// before anything is read or decoded.
-    pub takes_images: bool,
+    /// The prompt side of a vision-language model (`None`: the model has no vision
+    /// tower, and images are refused before anything is read or decoded).
+    pub vision: Option<super::vision::VisionPrompt>,
 }
 
 /// The prepare stage. Start with `SyncArbiter::start(n, ..)`.
@@ -132,13 +132,32 @@ impl PrepareActor {
         let first = messages.iter().flat_map(|m| &m.images).next();
         match first {
             None => Ok(Vec::new()),
-            Some(image) if !self.shared.takes_images => Err(InferError::validation(format!(
+            Some(image) if self.shared.vision.is_none() => Err(InferError::validation(format!(
                 "{}: model {:?} takes no images (it has no vision tower; docs/vision.md lists \
                  the models that do)",
                 image.at, self.shared.model_id
             ))),
             Some(_) => self.shared.media.decode_all(messages),
         }
+    }
+}
+
+impl PrepareActor {
+    /// The prompt ids, with the images processed and placed among them.
+    fn prompt(
+        &self,
+        req: &GenerateRequest,
+        decoded: &[DecodedImage],
+    ) -> Result<Prompt, InferError> {
+        let tok = &self.shared.tokenizer;
+        let Some(vision) = self.shared.vision.as_ref().filter(|_| !decoded.is_empty()) else {
+            return render(tok, req);
+        };
+        let processed: Vec<_> = decoded.iter().map(|d| vision.process(d)).collect();
+        let texts: Vec<String> = processed.iter().map(|p| p.text.clone()).collect();
+        let mut prompt = render_with_images(tok, req, Some((vision.marker(), &texts)))?;
+        prompt.images = vision.place(&prompt.ids, processed)?;
+        Ok(prompt)
     }
 }
 
@@ -150,11 +169,14 @@ impl Handler<Prepare> for PrepareActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        if let Err(e) = self.media(&msg.request) {
-            refused(&msg, e);
-            return;
-        }
-        let prompt = match render(&self.shared.tokenizer, &msg.request) {
+        let decoded = match self.media(&msg.request) {
+            Ok(d) => d,
+            Err(e) => {
+                refused(&msg, e);
+                return;
+            }
+        };
+        let prompt = match self.prompt(&msg.request, &decoded) {
             Ok(p) => p,
             Err(e) => {
                 refused(&msg, e);

@@ -19,6 +19,7 @@ pub mod placement;
 pub mod plugins;
 pub mod preprocess;
 pub mod prompt;
+pub mod vision;
 
 #[cfg(test)]
 mod media_tests;

@@ -26,7 +26,7 @@ use actix::Addr;
 use crate::adapters::AdapterRegistry;
 use crate::error::{ErrorKind, InferError};
 use crate::kv_events::external_hash;
-use crate::prefix_store::hash::extend_hashes;
+use crate::prefix_store::hash::extend_hashes_with;
 use crate::prefix_store::{root_hash_with, ModelFingerprint};
 use crate::request::StreamEvent;
 use crate::scheduler::{EngineLoad, Prepared, SchedulerActor, Submit};
@@ -154,7 +154,15 @@ impl Placer {
                                 let root = root_hash_with(&fp, &req.cache.salt, key.as_ref());
                                 let mut chain = Vec::new();
                                 let full = req.prompt.len().saturating_sub(1) / bs.max(1);
-                                extend_hashes(&mut chain, &root, &fp, &req.prompt, bs, full);
+                                extend_hashes_with(
+                                    &mut chain,
+                                    &root,
+                                    &fp,
+                                    &req.prompt,
+                                    &req.images,
+                                    bs,
+                                    full,
+                                );
                                 let ext = chain.iter().map(external_hash).collect();
                                 chains.push((fp, bs, ext));
                                 &chains[chains.len() - 1].2

@@ -13,6 +13,8 @@ pub struct Prompt {
     pub channels: ChannelSpec,
     /// The format the model writes tool calls in (`None`: the request has no tools).
     pub tool_format: Option<ToolFormat>,
+    /// Its images, placed among `ids` (set by the prepare stage; empty for text).
+    pub images: Vec<std::sync::Arc<crate::request::PromptImage>>,
 }
 
 /// Prompt ids for `req`: the chat template for messages (with its tools and
@@ -24,18 +26,34 @@ pub struct Prompt {
 /// `validation` for a template that fails to render or text that does not encode,
 /// naming the field.
 pub fn render(tok: &TextTokenizer, req: &GenerateRequest) -> Result<Prompt, InferError> {
+    render_with_images(tok, req, None)
+}
+
+/// [`render`] with the images' placeholder texts in place of the template's image
+/// marker (`(marker, one text per image)`; see `TextTokenizer::encode_chat_with_images`).
+///
+/// # Errors
+/// As [`render`], and a template that places another number of markers than images.
+pub fn render_with_images(
+    tok: &TextTokenizer,
+    req: &GenerateRequest,
+    images: Option<(&str, &[String])>,
+) -> Result<Prompt, InferError> {
     let plain = |ids| Prompt {
         ids,
         channels: ChannelSpec::default(),
         tool_format: None,
+        images: Vec::new(),
     };
     match &req.input {
         PromptInput::Messages(m) => {
-            let p = tok.encode_chat_request(m, req.tools.as_ref(), &req.template_kwargs)?;
+            let p =
+                tok.encode_chat_with_images(m, req.tools.as_ref(), &req.template_kwargs, images)?;
             Ok(Prompt {
                 ids: p.ids,
                 channels: p.channels,
                 tool_format: p.tool_format,
+                images: Vec::new(),
             })
         }
         PromptInput::Tokens(ids) => Ok(plain(ids.clone())),

@@ -46,3 +46,151 @@ pub struct ImageInput {
     /// `detail`.
     pub detail: ImageDetail,
 }
+
+/// The form of an image's pixel values (`prepare::preprocess`'s output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PixelLayout {
+    /// `(frames, 3, height, width)`: one frame, or Idefics3's tiles then the global image.
+    Frames {
+        /// Frames (tiles).
+        frames: usize,
+        /// Pixels per column.
+        height: usize,
+        /// Pixels per row.
+        width: usize,
+    },
+    /// Qwen2-VL's patch rows and their grid `[t, h, w]` in patches.
+    Patches {
+        /// `[t, h, w]`.
+        grid_thw: [usize; 3],
+    },
+}
+
+/// An image placed in a prompt: what the vision tower reads, and the prompt positions
+/// whose embeddings its output rows replace.
+#[derive(Debug)]
+pub struct PromptImage {
+    /// SHA-256 of its decoded pixels (`prepare::media`): enters the prefix cache's hash
+    /// of every block holding one of its tokens.
+    pub hash: [u8; 32],
+    /// The processor's pixel values.
+    pub pixels: Vec<f32>,
+    /// Their form.
+    pub layout: PixelLayout,
+    /// Prompt positions of its placeholder tokens, in the order of the tower's rows
+    /// (sorted, disjoint runs).
+    pub runs: Vec<std::ops::Range<usize>>,
+    /// Whether each run attends bidirectionally (Gemma 3).
+    pub bidirectional: bool,
+    /// The tower's output `(tokens, n_embd)` f32, set by the model runner on first use
+    /// (a prompt prefilled in several chunks encodes the image once).
+    pub features: std::sync::OnceLock<Vec<f32>>,
+}
+
+/// Equal images in equal places (the pixels are the hash's).
+impl PartialEq for PromptImage {
+    fn eq(&self, o: &Self) -> bool {
+        self.hash == o.hash
+            && self.runs == o.runs
+            && self.layout == o.layout
+            && self.bidirectional == o.bidirectional
+    }
+}
+
+impl Eq for PromptImage {}
+
+impl PromptImage {
+    /// Placeholder tokens (the tower's output rows).
+    pub fn tokens(&self) -> usize {
+        self.runs.iter().map(|r| r.len()).sum()
+    }
+
+    /// Where the image's rows fall in positions `start .. end`: `(position, first
+    /// feature row, rows)` per run that overlaps them.
+    pub fn rows_in(&self, start: usize, end: usize) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut row = 0;
+        for r in &self.runs {
+            let (a, b) = (r.start.max(start), r.end.min(end));
+            if a < b {
+                out.push((a, row + (a - r.start), b - a));
+            }
+            row += r.len();
+        }
+        out
+    }
+
+    /// Whether any of its placeholder tokens lies in positions `start .. end`.
+    pub fn overlaps(&self, start: usize, end: usize) -> bool {
+        self.runs.iter().any(|r| r.start < end && r.end > start)
+    }
+}
+
+/// Content hashes of the images with placeholder tokens in positions `start .. end`,
+/// in prompt order: what a prefix-cache block over those positions is keyed by.
+pub fn block_images(
+    images: &[std::sync::Arc<PromptImage>],
+    start: usize,
+    end: usize,
+) -> Vec<[u8; 32]> {
+    images
+        .iter()
+        .filter(|im| im.overlaps(start, end))
+        .map(|im| im.hash)
+        .collect()
+}
+
+/// The end of a prefill chunk `start .. end` moved off the inside of an image's run: back
+/// to the run's start when the chunk begins before it, otherwise on to its end (a run
+/// is computed in one step: its rows attend to each other in Gemma 3, and the tower's
+/// rows land together).
+pub fn chunk_end(images: &[std::sync::Arc<PromptImage>], start: usize, end: usize) -> usize {
+    for im in images {
+        for r in &im.runs {
+            if r.start < end && end < r.end {
+                return if r.start > start { r.start } else { r.end };
+            }
+        }
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(runs: Vec<std::ops::Range<usize>>) -> PromptImage {
+        PromptImage {
+            hash: [0; 32],
+            pixels: Vec::new(),
+            layout: PixelLayout::Frames {
+                frames: 1,
+                height: 1,
+                width: 1,
+            },
+            runs,
+            bidirectional: false,
+            features: std::sync::OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn rows_and_chunk_ends_follow_the_runs() {
+        let im = image(vec![3..7, 10..12]);
+        assert_eq!(im.tokens(), 6);
+        assert_eq!(im.rows_in(0, 20), vec![(3, 0, 4), (10, 4, 2)]);
+        assert_eq!(im.rows_in(5, 11), vec![(5, 2, 2), (10, 4, 1)]);
+        assert!(im.rows_in(7, 10).is_empty());
+        assert!(im.overlaps(6, 8) && !im.overlaps(7, 10));
+        let ims = [std::sync::Arc::new(im)];
+        // Inside a run that starts after the chunk: back to its start.
+        assert_eq!(chunk_end(&ims, 0, 5), 3);
+        // Inside a run the chunk starts in or at: on to its end.
+        assert_eq!(chunk_end(&ims, 3, 5), 7);
+        assert_eq!(chunk_end(&ims, 4, 6), 7);
+        // Between runs, or at a run's edge: unchanged.
+        assert_eq!(chunk_end(&ims, 0, 8), 8);
+        assert_eq!(chunk_end(&ims, 0, 10), 10);
+        assert_eq!(chunk_end(&ims, 0, 7), 7);
+    }
+}

@@ -22,7 +22,7 @@ pub mod vocab;
 
 pub use channels::{ChannelSpec, ReasoningStart, ToolFormat};
 pub use logprobs::{TokenLogprobs, TopLogprob};
-pub use media::{ImageDetail, ImageInput, ImageSource};
+pub use media::{ImageDetail, ImageInput, ImageSource, PixelLayout, PromptImage};
 pub use prepared::{DiskHit, PreparedRequest};
 pub use stats::{EngineShare, EngineStats, KvEventStats, LoraStats, PrefixCacheStats, SpecStats};
 pub use tools::{FunctionTool, ToolCall, ToolCallDelta, ToolChoice, ToolOptions};
@@ -324,6 +324,14 @@ pub struct Usage {
     pub draft_tokens: usize,
     /// Of those, drafts accepted (part of `completion_tokens`, each saving a step).
     pub accepted_draft_tokens: usize,
+    /// Prompt tokens that are image placeholders (part of `prompt_tokens`); left out
+    /// of the WebSocket frame when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub image_tokens: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Usage {

@@ -39,6 +39,8 @@ pub struct PreparedRequest<C> {
     pub forks: Vec<C>,
     /// The lease on the request's LoRA adapter (`None`: the base model).
     pub adapter: Option<crate::adapters::AdapterLease>,
+    /// The prompt's images, in prompt order (empty for text).
+    pub images: Vec<std::sync::Arc<super::PromptImage>>,
 }
 
 /// K/V of consecutive full prompt blocks read from the disk tier: `blocks[j]` is block

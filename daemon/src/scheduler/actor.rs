@@ -14,7 +14,7 @@ use actix::{
 use crate::adapters::AdapterLease;
 use crate::error::{ErrorKind, InferError};
 use crate::model_runner::ModelRunnerActor;
-use crate::prefix_store::hash::extend_hashes;
+use crate::prefix_store::hash::extend_hashes_with;
 use crate::prefix_store::{root_hash_with, LookupRun, PrefixReadActor};
 use crate::request::{SeqId, StreamEvent};
 
@@ -150,7 +150,7 @@ impl SchedulerActor {
             .map(<[u32]>::to_vec)
             .collect();
         let mut hashes = Vec::with_capacity(cap);
-        extend_hashes(
+        extend_hashes_with(
             &mut hashes,
             &root_hash_with(
                 &prefix.fingerprint,
@@ -159,6 +159,7 @@ impl SchedulerActor {
             ),
             &prefix.fingerprint,
             &req.prompt,
+            &req.images,
             bs,
             cap,
         );

@@ -60,6 +60,7 @@ fn request(id: SeqId, prompt_len: u32, p: SamplingParams) -> (Prepared, EventRec
         disk_hit: None,
         forks,
         adapter: None,
+        images: Vec::new(),
     };
     (req, rx)
 }

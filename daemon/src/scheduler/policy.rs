@@ -543,8 +543,16 @@ impl Scheduler {
                 break;
             }
             let s = &mut self.running[i];
-            let n = s.pending_len().min(limits.chunk_at(s.computed, budget));
-            budget -= n;
+            let mut n = s.pending_len().min(limits.chunk_at(s.computed, budget));
+            if !s.images.is_empty() {
+                // An image's run is computed in one step.
+                let end = crate::request::media::chunk_end(&s.images, s.computed, s.computed + n);
+                n = end - s.computed;
+            }
+            if n == 0 {
+                continue;
+            }
+            budget = budget.saturating_sub(n);
             s.in_flight = n;
         }
         // 4. Drafts from what the budget has left.
@@ -567,6 +575,12 @@ impl Scheduler {
             tokens.extend_from_slice(&s.drafts);
             items.push(BatchItem {
                 seq: s.id,
+                images: s
+                    .images
+                    .iter()
+                    .filter(|im| im.overlaps(start, end))
+                    .cloned()
+                    .collect(),
                 tokens,
                 start_pos: start,
                 block_table: self.blocks.table(s.id).to_vec(),

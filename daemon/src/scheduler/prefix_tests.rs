@@ -58,6 +58,7 @@ pub(super) fn request(id: u64, prompt: Vec<u32>, cache: CacheOptions) -> (Prepar
         disk_hit: None,
         forks: Vec::new(),
         adapter: None,
+        images: Vec::new(),
     };
     (req, rx)
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::detokenizer::channels::ChannelOut;
 use crate::detokenizer::{ChannelSpec, Channels, OutputStream};
 use crate::error::InferError;
-use crate::prefix_store::{chain_hash, BlockHash, ModelFingerprint};
+use crate::prefix_store::{chain_hash_with, BlockHash, ModelFingerprint};
 use crate::request::DiskHit;
 use crate::request::{
     CancelFlag, EventSender, FinishReason, PreparedRequest, SeqId, StreamEvent, Timings, Usage,
@@ -111,6 +111,8 @@ pub struct Sequence {
     pub unpersisted: Vec<usize>,
     /// The request's LoRA adapter; `None` for the base model.
     pub adapter: Option<SeqAdapter>,
+    /// The prompt's images (empty for text).
+    pub images: Vec<std::sync::Arc<crate::request::PromptImage>>,
 }
 
 /// A sequence's LoRA adapter: the request's lease (keeps the adapter from unloading)
@@ -192,6 +194,7 @@ impl Sequence {
                 .echo
                 .then(|| PromptEcho::new(req.sampling.logprobs)),
             prompt: req.prompt,
+            images: req.images,
             generated: Vec::new(),
             computed: 0,
             in_flight: 0,
@@ -340,10 +343,16 @@ impl Sequence {
         while cache.hashes.len() < n_blocks {
             let i = cache.hashes.len();
             let parent = cache.hashes.last().copied().unwrap_or(cache.root);
-            cache.hashes.push(chain_hash(
+            let keys = crate::request::media::block_images(
+                &self.images,
+                i * block_size,
+                (i + 1) * block_size,
+            );
+            cache.hashes.push(chain_hash_with(
                 &parent,
                 fingerprint,
                 &self.block_tokens(i, block_size),
+                &keys,
             ));
         }
         let cache = self.cache.insert(cache);
@@ -483,6 +492,7 @@ impl Sequence {
                 cached_tokens: self.cached_tokens,
                 draft_tokens: self.spec.as_ref().map_or(0, |s| s.drafted),
                 accepted_draft_tokens: self.spec.as_ref().map_or(0, |s| s.accepted),
+                image_tokens: self.images.iter().map(|im| im.tokens()).sum(),
             },
             timings,
         });

@@ -49,6 +49,7 @@ fn request(id: u64, prompt_len: usize, max_tokens: usize) -> (Prepared, EventRec
         disk_hit: None,
         forks: Vec::new(),
         adapter: None,
+        images: Vec::new(),
     };
     (req, rx)
 }

@@ -61,6 +61,7 @@ pub(super) fn request(
         disk_hit: None,
         forks: Vec::new(),
         adapter: None,
+        images: Vec::new(),
     };
     (req, rx, cancel)
 }
@@ -203,6 +204,7 @@ fn finishing_streams_the_rest_and_reports_usage() {
         disk_hit: None,
         forks: Vec::new(),
         adapter: None,
+        images: Vec::new(),
     };
     s.submit(req).expect("submit");
     s.schedule();

@@ -186,7 +186,10 @@ fn usage_json(u: &Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+        "prompt_tokens_details": {
+            "cached_tokens": u.cached_tokens,
+            "image_tokens": u.image_tokens,
+        },
         "completion_tokens_details": {
             "accepted_prediction_tokens": u.accepted_draft_tokens,
             "rejected_prediction_tokens": u.draft_tokens - u.accepted_draft_tokens,

@@ -67,6 +67,24 @@ impl TextTokenizer {
         tools: Option<&ToolOptions>,
         kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<ChatPrompt, InferError> {
+        self.encode_chat_with_images(messages, tools, kwargs, None)
+    }
+
+    /// [`Self::encode_chat_request`] for a prompt with images: each occurrence of the
+    /// template's image `marker` outside message content becomes the next of
+    /// `expansions` (a vision-language processor's placeholder text) before the prompt
+    /// is encoded, as transformers' processors replace it in the rendered text.
+    ///
+    /// # Errors
+    /// As [`Self::encode_chat`]; `validation` when the template places another number
+    /// of markers than there are images.
+    pub fn encode_chat_with_images(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolOptions>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        images: Option<(&str, &[String])>,
+    ) -> Result<ChatPrompt, InferError> {
         let custom = self.template_override.read().ok().and_then(|g| g.clone());
         let template = custom
             .as_deref()
@@ -87,6 +105,7 @@ impl TextTokenizer {
         let mut extras = TemplateExtras {
             tools: None,
             kwargs: kwargs.clone(),
+            content_parts: self.content_parts,
         };
         let rewritten;
         let messages = if native {
@@ -98,7 +117,10 @@ impl TextTokenizer {
         } else {
             messages
         };
-        let rendered = template.render_marked(messages, true, &extras)?;
+        let mut rendered = template.render_marked(messages, true, &extras)?;
+        if let Some((marker, expansions)) = images {
+            rendered = expand_markers(rendered, marker, expansions)?;
+        }
         let mut ids = self
             .encode_with_plain_spans(&rendered.text, true, &rendered.content_spans)
             .map_err(|e| InferError::internal(e.to_string()))?;
@@ -131,4 +153,55 @@ impl TextTokenizer {
             })
             .collect()
     }
+}
+
+/// `rendered` with each `marker` outside its content spans replaced by the next of
+/// `expansions`, the spans moved with the text.
+fn expand_markers(
+    rendered: crate::tokenizer::RenderedPrompt,
+    marker: &str,
+    expansions: &[String],
+) -> Result<crate::tokenizer::RenderedPrompt, InferError> {
+    let text = &rendered.text;
+    let inside = |at: usize| rendered.content_spans.iter().any(|s| s.contains(&at));
+    let mut at_list = Vec::new();
+    let mut from = 0;
+    while let Some(i) = text[from..].find(marker) {
+        let at = from + i;
+        if !inside(at) {
+            at_list.push(at);
+        }
+        from = at + marker.len().max(1);
+    }
+    if at_list.len() != expansions.len() {
+        return Err(InferError::validation(format!(
+            "messages: the chat template placed {} image markers ({marker:?}) for {} images",
+            at_list.len(),
+            expansions.len()
+        )));
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    // (position in the old text, length change) at each replacement.
+    let mut shifts: Vec<(usize, isize)> = Vec::new();
+    for (&at, e) in at_list.iter().zip(expansions) {
+        out.push_str(&text[last..at]);
+        out.push_str(e);
+        last = at + marker.len();
+        shifts.push((at, e.len() as isize - marker.len() as isize));
+    }
+    out.push_str(&text[last..]);
+    let moved = |p: usize| -> usize {
+        let d: isize = shifts.iter().filter(|(a, _)| *a < p).map(|(_, d)| d).sum();
+        (p as isize + d) as usize
+    };
+    let content_spans = rendered
+        .content_spans
+        .iter()
+        .map(|s| moved(s.start)..moved(s.end))
+        .collect();
+    Ok(crate::tokenizer::RenderedPrompt {
+        text: out,
+        content_spans,
+    })
 }

@@ -54,6 +54,10 @@ pub struct TemplateExtras {
     pub tools: Option<serde_json::Value>,
     /// Extra variables (`chat_template_kwargs`), e.g. `enable_thinking`.
     pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Every message's `content` as a list of parts (`{"type": "text", "text": …}`,
+    /// `{"type": "image"}` where an image sits), as transformers' processors pass it to
+    /// a vision-language model's template; otherwise a string.
+    pub content_parts: bool,
 }
 
 /// A rendered prompt with the byte ranges that came from message content.
@@ -86,7 +90,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))
             .map_err(|e| TokenizerError::Template {
                 message: e.to_string(),
             })?;
@@ -181,7 +185,7 @@ impl ChatTemplate {
     ) -> Result<String, InferError> {
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| message_value(m, &content))
+            .map(|m| message_value(m, &content, extras.content_parts))
             .collect();
         let template = self
             .env
@@ -215,10 +219,74 @@ impl ChatTemplate {
 /// for an assistant turn that only calls tools), and when present `tool_calls` (OpenAI
 /// shape, `arguments` parsed into an object when it is JSON, as vLLM hands them to
 /// templates), `tool_call_id` and `name`.
-fn message_value(m: &ChatMessage, content: &impl Fn(&str) -> String) -> Value {
+/// transformers' `{% generation %}` … `{% endgeneration %}` (its `AssistantTracker`
+/// extension, which marks assistant text for training masks) renders its body
+/// unchanged: an `if true` block here, whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, word, trail) = (
+            inner.starts_with('-'),
+            inner.trim_matches(|c: char| c == '-' || c.is_whitespace()),
+            inner.ends_with('-'),
+        );
+        let replacement = match word {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => {
+                let (l, t) = (if lead { "-" } else { "" }, if trail { "-" } else { "" });
+                out.push_str(&format!("{{%{l} {r} {t}%}}"));
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A message's content as parts: text between its images, each image where it sits.
+fn content_parts(m: &ChatMessage, content: &impl Fn(&str) -> String) -> Value {
+    let mut parts = Vec::new();
+    let mut at = 0;
+    let mut images: Vec<usize> = m.images.iter().map(|i| i.offset).collect();
+    images.sort_unstable();
+    let text = |parts: &mut Vec<Value>, t: &str| {
+        if !t.is_empty() {
+            parts.push(context! { type => "text", text => content(t) });
+        }
+    };
+    for off in images {
+        let off = off.min(m.content.len());
+        if let Some(t) = m.content.get(at..off) {
+            text(&mut parts, t);
+        }
+        parts.push(context! { type => "image" });
+        at = off.max(at);
+    }
+    if let Some(t) = m.content.get(at..) {
+        text(&mut parts, t);
+    }
+    Value::from(parts)
+}
+
+fn message_value(m: &ChatMessage, content: &impl Fn(&str) -> String, parts: bool) -> Value {
     let mut fields: Vec<(&str, Value)> = vec![("role", Value::from(m.role.as_str()))];
     let text = if m.content.is_empty() && !m.tool_calls.is_empty() {
         Value::from(())
+    } else if parts {
+        content_parts(m, content)
     } else {
         Value::from(content(&m.content))
     };

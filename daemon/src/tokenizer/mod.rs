@@ -236,6 +236,9 @@ pub struct TextTokenizer {
     /// replaced on SIGHUP.
     template_override: std::sync::RwLock<Option<std::sync::Arc<ChatTemplate>>>,
     generation: GenerationDefaults,
+    /// Messages reach the template with their content as parts (a vision-language
+    /// model's template; [`TemplateExtras::content_parts`]).
+    content_parts: bool,
 }
 
 impl TextTokenizer {
@@ -432,7 +435,15 @@ impl TextTokenizer {
             chat_template: parts.chat_template,
             template_override: std::sync::RwLock::new(None),
             generation: parts.generation,
+            content_parts: false,
         }
+    }
+
+    /// Messages reach the chat template with their content as a list of parts, as
+    /// transformers' processors give a vision-language model's template (text parts,
+    /// and `{"type": "image"}` where an image sits).
+    pub fn set_content_parts(&mut self, on: bool) {
+        self.content_parts = on;
     }
 
     /// Token ids for `text`, never with BOS or EOS (llama.cpp `tokenize` with

@@ -54,6 +54,7 @@ impl Sequence {
                     channel_spec: self.channel_spec.clone(),
                     client_id: self.client_id.clone(),
                     prompt: self.prompt.clone(),
+                    images: self.images.clone(),
                     generated: Vec::new(),
                     computed: 0,
                     in_flight: 0,
