@@ -1,5 +1,5 @@
-//! Vision-language models end to end: the tiny random Gemma 3, LLaVA-1.5 and SmolVLM
-//! checkpoints of `daemon/tests/fixtures/vlm/` (made by scripts/make-vlm-fixtures.py
+//! Vision-language models end to end: the tiny random Gemma 3, LLaVA-1.5, SmolVLM and
+//! Qwen2.5-VL checkpoints of `daemon/tests/fixtures/vlm/` (made by scripts/make-vlm-fixtures.py
 //! with transformers 5.24.0) answer about images sent as data URLs with transformers'
 //! greedy tokens, report their image tokens, and hit the prefix cache for an equal
 //! image only.
@@ -106,6 +106,13 @@ async fn llava_answers_about_images_as_transformers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smolvlm_answers_about_images_as_transformers() {
     family_matches_transformers("smolvlm").await;
+}
+
+/// Qwen2.5-VL: the window-attention tower, and the decoder's M-RoPE positions from the
+/// image grid (1-D positions move transformers' logits by 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen2_5_vl_answers_about_images_as_transformers() {
+    family_matches_transformers("qwen2_5_vl").await;
 }
 
 /// Another picture with the same text shares no block that holds image tokens: the

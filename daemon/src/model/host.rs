@@ -42,6 +42,8 @@ pub struct HostBackend<'a> {
     batch: Vec<BatchRow>,
     /// Each current row's LoRA adapter.
     adapters: RowAdapters<'a>,
+    /// Multimodal RoPE positions of the rows ([`super::kv_pool::batch_mrope`]).
+    mrope: Option<Vec<[u32; 3]>>,
 }
 
 impl<'a> HostBackend<'a> {
@@ -67,6 +69,7 @@ impl<'a> HostBackend<'a> {
             numerics,
             batch,
             adapters: RowAdapters::new(seqs),
+            mrope: super::kv_pool::batch_mrope(seqs),
         }
     }
 
@@ -295,7 +298,12 @@ impl Backend for HostBackend<'_> {
         head_dim: usize,
         t: &RopeTable,
     ) -> candle_core::Result<Rows> {
-        t.apply_host(&mut x.v, heads, head_dim, self.positions);
+        match &self.mrope {
+            Some(p3) if t.mrope_section.is_some() => {
+                t.apply_host_mrope(&mut x.v, heads, head_dim, p3);
+            }
+            _ => t.apply_host(&mut x.v, heads, head_dim, self.positions),
+        }
         Ok(x)
     }
 

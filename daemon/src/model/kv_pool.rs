@@ -102,6 +102,31 @@ pub struct SeqMedia<'a> {
     pub rows: Vec<(usize, &'a [f32])>,
     /// [`SeqRows::bidirectional`], absolute positions.
     pub bidirectional: Vec<std::ops::Range<usize>>,
+    /// Multimodal RoPE positions `[t, h, w]` of each of the step's rows (Qwen2-VL's
+    /// `get_rope_index`); empty: each row at its position on all three.
+    pub mrope: Vec<[u32; 3]>,
+}
+
+/// The batch's multimodal RoPE positions, row by row, when a sequence has any (the
+/// others at `[p, p, p]`); `None` otherwise.
+pub fn batch_mrope(seqs: &[ForwardSeq<'_>]) -> Option<Vec<[u32; 3]>> {
+    if !seqs
+        .iter()
+        .any(|s| s.media.is_some_and(|m| !m.mrope.is_empty()))
+    {
+        return None;
+    }
+    let mut out = Vec::new();
+    for s in seqs {
+        match s.media.filter(|m| m.mrope.len() == s.tokens.len()) {
+            Some(m) => out.extend_from_slice(&m.mrope),
+            None => out.extend((s.start_pos..s.start_pos + s.tokens.len()).map(|p| {
+                let p = p as u32;
+                [p, p, p]
+            })),
+        }
+    }
+    Some(out)
 }
 
 impl<'a> ForwardSeq<'a> {

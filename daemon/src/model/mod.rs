@@ -118,6 +118,70 @@ pub fn candle_error_message(e: &candle_core::Error) -> String {
     }
 }
 
+/// A vision tower of either kind.
+#[derive(Debug)]
+pub enum Tower {
+    /// SigLIP / CLIP towers with their projectors (Gemma 3, LLaVA, Idefics3).
+    Vit(vision::VisionTower),
+    /// Qwen2.5-VL's ViT and merger.
+    Qwen25Vl(vision::qwen2_5_vl::Qwen25VlTower),
+}
+
+impl Tower {
+    /// From the checkpoint's whole `config.json` and its vision tensors.
+    ///
+    /// # Errors
+    /// As the towers' `from_hf`.
+    pub fn from_hf(
+        config: &serde_json::Value,
+        tensors: HashMap<String, candle_core::Tensor>,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let class = config
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(serde_json::Value::as_str);
+        Ok(match class {
+            Some("Qwen2_5_VLForConditionalGeneration") => Self::Qwen25Vl(
+                vision::qwen2_5_vl::Qwen25VlTower::from_hf(config, tensors, device)?,
+            ),
+            _ => Self::Vit(vision::VisionTower::from_hf(config, tensors, device)?),
+        })
+    }
+
+    /// One image's rows `(tokens, out_dim)` f32 on the device.
+    ///
+    /// # Errors
+    /// A candle error, or pixels of the other tower's form.
+    pub fn encode(&self, px: vision::VisionPixels<'_>) -> candle_core::Result<candle_core::Tensor> {
+        match (self, px) {
+            (Self::Vit(t), px) => t.encode(px),
+            (Self::Qwen25Vl(t), vision::VisionPixels::Patches { data, grid_thw }) => {
+                t.encode(data, grid_thw)
+            }
+            (Self::Qwen25Vl(_), _) => {
+                candle_core::bail!("Qwen2.5-VL's tower takes patch rows, not frames")
+            }
+        }
+    }
+
+    /// The text hidden size (columns of [`Self::encode`]).
+    pub fn out_dim(&self) -> usize {
+        match self {
+            Self::Vit(t) => t.out_dim(),
+            Self::Qwen25Vl(t) => t.out_dim(),
+        }
+    }
+
+    /// Placeholder tokens per frame (0 for Qwen2.5-VL, whose count follows the grid).
+    pub fn tokens_per_frame(&self) -> usize {
+        match self {
+            Self::Vit(t) => t.tokens_per_frame(),
+            Self::Qwen25Vl(_) => 0,
+        }
+    }
+}
+
 /// Options for [`load`].
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -155,7 +219,7 @@ pub struct LoadedModel {
 #[derive(Debug)]
 pub struct LoadedVision {
     /// The tower and projector.
-    pub tower: vision::VisionTower,
+    pub tower: Tower,
     /// The checkpoint's whole `config.json` (token ids, family, projector settings).
     pub config: serde_json::Value,
 }
@@ -178,7 +242,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> 
         };
         let vision = match src.take_vision() {
             Some((config, tensors)) => Some(LoadedVision {
-                tower: vision::VisionTower::from_hf(&config, tensors, device)?,
+                tower: Tower::from_hf(&config, tensors, device)?,
                 config,
             }),
             None => None,

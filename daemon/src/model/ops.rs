@@ -27,6 +27,8 @@ pub struct TensorBackend<'a> {
     host_ops: bool,
     /// Each current row's LoRA adapter.
     adapters: RowAdapters<'a>,
+    /// Multimodal RoPE positions of the rows ([`super::kv_pool::batch_mrope`]).
+    mrope: Option<Vec<[u32; 3]>>,
 }
 
 impl<'a> TensorBackend<'a> {
@@ -49,6 +51,7 @@ impl<'a> TensorBackend<'a> {
             device: device.clone(),
             host_ops: numerics == Numerics::Ggml && device.is_cpu(),
             adapters: RowAdapters::new(seqs),
+            mrope: super::kv_pool::batch_mrope(seqs),
         })
     }
 }
@@ -268,14 +271,30 @@ impl Backend for TensorBackend<'_> {
         head_dim: usize,
         t: &RopeTable,
     ) -> candle_core::Result<Tensor> {
+        let mrope = self.mrope.as_deref().filter(|_| t.mrope_section.is_some());
         if self.pool.is_host() || self.host_ops {
             let mut v = host(&x)?;
-            t.apply_host(&mut v, heads, head_dim, self.positions);
+            match mrope {
+                Some(p3) => t.apply_host_mrope(&mut v, heads, head_dim, p3),
+                None => t.apply_host(&mut v, heads, head_dim, self.positions),
+            }
             return Tensor::from_vec(v, x.shape(), x.device());
         }
         let n = x.dim(0)?;
-        let cos = t.cos.index_select(&self.pos, 0)?;
-        let sin = t.sin.index_select(&self.pos, 0)?;
+        let (cos, sin) = match mrope {
+            Some(p3) => {
+                let (c, s) = t.mrope_rows(p3);
+                let half = t.dim / 2;
+                (
+                    Tensor::from_vec(c, (n, half), &self.device)?.to_dtype(t.cos.dtype())?,
+                    Tensor::from_vec(s, (n, half), &self.device)?.to_dtype(t.sin.dtype())?,
+                )
+            }
+            None => (
+                t.cos.index_select(&self.pos, 0)?,
+                t.sin.index_select(&self.pos, 0)?,
+            ),
+        };
         // (T, h·d) -> (1, h, T, d) for the per-row positions, and back.
         let x4 = x
             .reshape((1, n, heads, head_dim))?

@@ -24,6 +24,8 @@ pub struct RopeTable {
     pub cos: Tensor,
     /// Device sin.
     pub sin: Tensor,
+    /// [`RopeSpec::mrope_section`].
+    pub mrope_section: Option<[usize; 3]>,
 }
 
 /// Inverse frequencies `θ_i = base^(-2i/d)` for `i < d/2`, with `scaling` applied.
@@ -121,7 +123,73 @@ impl RopeTable {
             sin_host: sin.flatten_all()?.to_vec1()?,
             cos: cos.to_device(device)?,
             sin: sin.to_device(device)?,
+            mrope_section: spec.mrope_section,
         })
+    }
+
+    /// cos and sin rows `(T, dim / 2)` for multimodal positions `[t, h, w]` per row:
+    /// frequency `i` takes the position of its [`Self::mrope_section`] (transformers
+    /// `apply_multimodal_rotary_pos_emb`, which picks the sections of the table's
+    /// rows); the plain rows when the table has no sections.
+    pub fn mrope_rows(&self, positions: &[[u32; 3]]) -> (Vec<f32>, Vec<f32>) {
+        let half = self.dim / 2;
+        let [s0, s1, _] = self.mrope_section.unwrap_or([half, 0, 0]);
+        let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * half), Vec::new());
+        sin.reserve(positions.len() * half);
+        for p in positions {
+            for i in 0..half {
+                let sec = if i < s0 {
+                    0
+                } else if i < s0 + s1 {
+                    1
+                } else {
+                    2
+                };
+                let at = p[sec] as usize * half + i;
+                cos.push(self.cos_host.get(at).copied().unwrap_or(1.0));
+                sin.push(self.sin_host.get(at).copied().unwrap_or(0.0));
+            }
+        }
+        (cos, sin)
+    }
+
+    /// [`Self::apply_host`] at multimodal positions (cos/sin from [`Self::mrope_rows`]).
+    pub fn apply_host_mrope(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        head_dim: usize,
+        positions: &[[u32; 3]],
+    ) {
+        let half = self.dim / 2;
+        let (cos, sin) = self.mrope_rows(positions);
+        for t in 0..positions.len() {
+            let (c, s) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for h in 0..heads {
+                let base = (t * heads + h) * head_dim;
+                self.rotate(&mut x[base..base + self.dim], c, s);
+            }
+        }
+    }
+
+    /// One head's rotated dimensions by `cos`/`sin` (`dim / 2` each).
+    #[inline(always)]
+    fn rotate(&self, row: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let half = self.dim / 2;
+        for i in 0..half {
+            let (ia, ib) = match self.style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let (a, b) = (row[ia], row[ib]);
+            (row[ia], row[ib]) = match self.numerics {
+                Numerics::Ggml => inferd_kernels::eltwise::rotate(a, b, cos[i], sin[i]),
+                Numerics::Transformers => (a * cos[i] - b * sin[i], a * sin[i] + b * cos[i]),
+            };
+        }
     }
 
     /// RoPE in place on host rows `(T, heads · head_dim)`, row `t` at `positions[t]`;
@@ -252,6 +320,7 @@ mod tests {
             theta: 10_000.0,
             local_theta: None,
             scaling: RopeScaling::None,
+            mrope_section: None,
         };
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
             let t = RopeTable::new(

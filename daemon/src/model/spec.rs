@@ -128,6 +128,10 @@ pub struct RopeSpec {
     pub local_theta: Option<f32>,
     /// Frequency scaling of the global layers.
     pub scaling: RopeScaling,
+    /// Multimodal RoPE (Qwen2-VL, Qwen2.5-VL; transformers `mrope_section`): rotation
+    /// frequencies `0 .. s₀` take a token's temporal position, the next `s₁` its row,
+    /// the next `s₂` its column. Text tokens have all three equal, which is plain RoPE.
+    pub mrope_section: Option<[usize; 3]>,
 }
 
 /// The MLP's activation (gated: `act(gate) · up`), defined beside its kernels.
@@ -440,6 +444,7 @@ mod tests {
                 theta: 1e4,
                 local_theta: None,
                 scaling: RopeScaling::None,
+                mrope_section: None,
             },
             activation: Activation::Silu,
             window: vec![None; 2],

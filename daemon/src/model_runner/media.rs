@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use crate::error::InferError;
-use crate::model::vision::{VisionPixels, VisionTower};
+use crate::model::vision::VisionPixels;
 use crate::model::SeqMedia;
+use crate::model::Tower as VisionTower;
 use crate::request::{PixelLayout, PromptImage};
 
 use super::BatchItem;
@@ -74,7 +75,7 @@ fn encode(tower: &VisionTower, im: &PromptImage) -> candle_core::Result<Vec<f32>
             height,
             width,
         },
-        PixelLayout::Patches { grid_thw } => VisionPixels::Patches {
+        PixelLayout::Patches { grid_thw, .. } => VisionPixels::Patches {
             data: &im.pixels,
             grid_thw,
         },
@@ -93,9 +94,10 @@ fn encode(tower: &VisionTower, im: &PromptImage) -> candle_core::Result<Vec<f32>
         .to_vec1::<f32>()
 }
 
-/// The rows and bidirectional ranges of `item`'s images in its step (`None`: none),
-/// their features already encoded ([`encode_pending`]).
-pub fn seq_media(item: &BatchItem) -> Option<SeqMedia<'_>> {
+/// The rows, bidirectional ranges and (with `mrope`, a Qwen2-VL decoder) multimodal
+/// RoPE positions of `item`'s images in its step (`None`: it has none), their features
+/// already encoded ([`encode_pending`]).
+pub fn seq_media(item: &BatchItem, mrope: bool) -> Option<SeqMedia<'_>> {
     if item.images.is_empty() {
         return None;
     }
@@ -115,5 +117,10 @@ pub fn seq_media(item: &BatchItem) -> Option<SeqMedia<'_>> {
         }
     }
     m.bidirectional.sort_by_key(|r| r.start);
+    if mrope {
+        m.mrope = (start..end)
+            .map(|p| crate::request::media::mrope_position(&item.images, p))
+            .collect();
+    }
     Some(m)
 }

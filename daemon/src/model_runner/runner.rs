@@ -179,7 +179,7 @@ pub struct ModelRunner {
     /// The draft model and its KV pool (same block ids as `pool`).
     draft: Option<(Model, KvBlockPool)>,
     /// The vision tower of a vision-language model.
-    vision: Option<crate::model::vision::VisionTower>,
+    vision: Option<crate::model::Tower>,
 }
 
 impl ModelRunner {
@@ -195,7 +195,7 @@ impl ModelRunner {
     }
 
     /// Adds the vision tower that encodes prompt images.
-    pub fn with_vision(mut self, tower: crate::model::vision::VisionTower) -> Self {
+    pub fn with_vision(mut self, tower: crate::model::Tower) -> Self {
         self.vision = Some(tower);
         self
     }
@@ -267,8 +267,12 @@ impl ModelRunner {
         if encoded.images > 0 {
             crate::metrics::record_images_encoded(encoded.images, encoded.time);
         }
-        let media: Vec<Option<crate::model::SeqMedia<'_>>> =
-            batch.items.iter().map(super::media::seq_media).collect();
+        let mrope = self.model.spec().rope.mrope_section.is_some();
+        let media: Vec<Option<crate::model::SeqMedia<'_>>> = batch
+            .items
+            .iter()
+            .map(|i| super::media::seq_media(i, mrope))
+            .collect();
         let seqs: Vec<ForwardSeq<'_>> = batch
             .items
             .iter()

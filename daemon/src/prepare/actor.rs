@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 
-use super::media::{DecodedImage, MediaStep};
+use super::media::MediaStep;
 use super::placement::Placer;
 use super::plugins::{PluginSetupActor, SetupPlugins};
 use super::prompt::{render, render_with_images, Prompt};
+use super::vision::ProcessedImage;
 use crate::error::InferError;
 use crate::request::{CancelFlag, EventSender, GenerateRequest, PromptInput, SeqId, StreamEvent};
 use crate::sampling::build::ChainParts;
@@ -123,37 +124,45 @@ impl PrepareActor {
         }
     }
 
-    /// The request's images, decoded. A model without a vision tower refuses the
-    /// first image part, naming the model, before any image is read or decoded.
-    fn media(&self, request: &GenerateRequest) -> Result<Vec<DecodedImage>, InferError> {
+    /// The request's images, decoded and through the model's processor. A model
+    /// without a vision tower refuses the first image part, naming the model, before
+    /// any image is read or decoded.
+    fn media(&self, request: &GenerateRequest) -> Result<Vec<ProcessedImage>, InferError> {
         let PromptInput::Messages(messages) = &request.input else {
             return Ok(Vec::new());
         };
         let first = messages.iter().flat_map(|m| &m.images).next();
-        match first {
-            None => Ok(Vec::new()),
-            Some(image) if self.shared.vision.is_none() => Err(InferError::validation(format!(
+        match (first, &self.shared.vision) {
+            (None, _) => Ok(Vec::new()),
+            (Some(image), None) => Err(InferError::validation(format!(
                 "{}: model {:?} takes no images (it has no vision tower; docs/vision.md lists \
                  the models that do)",
                 image.at, self.shared.model_id
             ))),
-            Some(_) => self.shared.media.decode_all(messages),
+            (Some(_), Some(vision)) => self
+                .shared
+                .media
+                .decode_each(messages, |d| vision.process(&d)),
         }
     }
 }
 
 impl PrepareActor {
-    /// The prompt ids, with the images processed and placed among them.
+    /// The prompt ids, with the images placed among them.
     fn prompt(
         &self,
         req: &GenerateRequest,
-        decoded: &[DecodedImage],
+        processed: Vec<ProcessedImage>,
     ) -> Result<Prompt, InferError> {
         let tok = &self.shared.tokenizer;
-        let Some(vision) = self.shared.vision.as_ref().filter(|_| !decoded.is_empty()) else {
+        let Some(vision) = self
+            .shared
+            .vision
+            .as_ref()
+            .filter(|_| !processed.is_empty())
+        else {
             return render(tok, req);
         };
-        let processed: Vec<_> = decoded.iter().map(|d| vision.process(d)).collect();
         let texts: Vec<String> = processed.iter().map(|p| p.text.clone()).collect();
         let mut prompt = render_with_images(tok, req, Some((vision.marker(), &texts)))?;
         prompt.images = vision.place(&prompt.ids, processed)?;
@@ -169,14 +178,14 @@ impl Handler<Prepare> for PrepareActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
-        let decoded = match self.media(&msg.request) {
+        let images = match self.media(&msg.request) {
             Ok(d) => d,
             Err(e) => {
                 refused(&msg, e);
                 return;
             }
         };
-        let prompt = match self.prompt(&msg.request, &decoded) {
+        let prompt = match self.prompt(&msg.request, images) {
             Ok(p) => p,
             Err(e) => {
                 refused(&msg, e);

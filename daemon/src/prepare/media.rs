@@ -47,9 +47,13 @@ pub struct DecodedImage {
 }
 
 /// The media step's settings: the `[media]` bounds.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct MediaStep {
     config: MediaConfig,
+    /// Held while one image is decoded and processed: whatever the prepare pool's
+    /// size, one decoded image (at most `max_image_pixels` RGBA pixels) is in memory
+    /// at a time, so a burst of large images cannot multiply it by the threads.
+    gate: std::sync::Mutex<()>,
 }
 
 impl MediaStep {
@@ -63,6 +67,7 @@ impl MediaStep {
         }
         Self {
             config: config.clone(),
+            gate: std::sync::Mutex::new(()),
         }
     }
 
@@ -72,6 +77,20 @@ impl MediaStep {
     /// `validation`: more images than `media.max_images_per_request`, or the first
     /// image that cannot be read or decoded within the bounds, naming its part.
     pub fn decode_all(&self, messages: &[ChatMessage]) -> Result<Vec<DecodedImage>, InferError> {
+        self.decode_each(messages, |d| d)
+    }
+
+    /// Every image of `messages`, decoded and handed to `then` (a model's processor),
+    /// in order, one image at a time in the whole process: the decoded pixels are
+    /// dropped before the next image is decoded.
+    ///
+    /// # Errors
+    /// As [`Self::decode_all`].
+    pub fn decode_each<T>(
+        &self,
+        messages: &[ChatMessage],
+        mut then: impl FnMut(DecodedImage) -> T,
+    ) -> Result<Vec<T>, InferError> {
         let count: usize = messages.iter().map(|m| m.images.len()).sum();
         let max = self.config.max_images_per_request;
         if count > max {
@@ -83,13 +102,26 @@ impl MediaStep {
         for (i, m) in messages.iter().enumerate() {
             for img in &m.images {
                 let bytes = self.read(img)?;
+                // A panic while holding it (caught in the decoder) leaves nothing to
+                // repair: the lock guards no data.
+                let _one = self
+                    .gate
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let mut d = self.decode(&img.at, &bytes)?;
+                drop(bytes);
                 d.message = i;
                 d.offset = img.offset;
-                out.push(d);
+                out.push(then(d));
             }
         }
         Ok(out)
+    }
+
+    /// Whether an image is being decoded or processed now (tests).
+    #[cfg(test)]
+    pub(super) fn gate_is_held(&self) -> bool {
+        self.gate.try_lock().is_err()
     }
 
     /// The encoded bytes of `img`, at most `media.max_image_bytes` of them.

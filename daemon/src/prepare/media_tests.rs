@@ -306,3 +306,23 @@ fn file_urls_read_only_inside_local_dirs() {
         .expect("inside a directory made later");
     assert_eq!((got[0].width, got[0].height), (3, 2));
 }
+
+/// Images are decoded and processed one at a time in the whole process: the gate is
+/// held while each is handed on, and each is handed on before the next is decoded.
+#[test]
+fn images_are_decoded_and_processed_one_at_a_time() {
+    let s = step(|_| {});
+    let png = encode(&picture(5, 4), ImageFormat::Png);
+    let msgs = message(vec![data(&png), data(&png), data(&png)]);
+    let mut seen = Vec::new();
+    let out = s
+        .decode_each(&msgs, |d| {
+            assert!(s.gate_is_held(), "processing outside the gate");
+            seen.push(d.width);
+            d.width * d.height
+        })
+        .expect("decoded");
+    assert_eq!(out, vec![20, 20, 20]);
+    assert_eq!(seen.len(), 3);
+    assert!(!s.gate_is_held());
+}

@@ -23,6 +23,8 @@ pub mod vision;
 
 #[cfg(test)]
 mod media_tests;
+#[cfg(test)]
+mod vision_tests;
 
 pub use actor::{Decode, Encode, Prepare, PrepareActor};
 pub use placement::{Placer, Replica};

@@ -7,6 +7,8 @@
 //!   `"\n\n" + boi + image_token × mm_tokens_per_image + eoi + "\n\n"`; the image's
 //!   tokens attend to each other both ways (`token_type_ids`).
 //! - LLaVA (`processing_llava.py`): `<image>` becomes `<image>` × the tower's tokens.
+//! - Qwen2.5-VL (`processing_qwen2_5_vl.py`): the template's `<|image_pad|>` (between
+//!   `<|vision_start|>` and `<|vision_end|>`) becomes `<|image_pad|>` × `t·h·w / merge²`.
 //! - Idefics3 / SmolVLM (`processing_idefics3.py` `_prompt_split_image`): per tile
 //!   `<fake_token_around_image><row_R_col_C>` + `<image>` × N, `"\n"` after each tile row,
 //!   then `"\n<fake_token_around_image><global-img>"` + `<image>` × N +
@@ -107,13 +109,16 @@ impl VisionPrompt {
                 let eoi = text_of(eoi, "eoi_token_index")?;
                 (boi.clone(), Some((boi, eoi)))
             }
-            VlmFamily::Llava | VlmFamily::Idefics3 => (image_text.clone(), None),
+            VlmFamily::Llava | VlmFamily::Idefics3 | VlmFamily::Qwen25Vl => {
+                (image_text.clone(), None)
+            }
         };
         let matches = matches!(
             (family, &processor),
             (VlmFamily::Gemma3, ImageProcessor::Gemma3(_))
                 | (VlmFamily::Llava, ImageProcessor::Clip(_))
                 | (VlmFamily::Idefics3, ImageProcessor::Idefics3(_))
+                | (VlmFamily::Qwen25Vl, ImageProcessor::QwenVl(_))
         );
         if !matches {
             return Err(format!(
@@ -196,7 +201,10 @@ impl VisionPrompt {
                 let merged = grid[0] * grid[1] * grid[2] / (p.merge_size * p.merge_size).max(1);
                 (
                     pv.data,
-                    PixelLayout::Patches { grid_thw: grid },
+                    PixelLayout::Patches {
+                        grid_thw: grid,
+                        merge: p.merge_size,
+                    },
                     tok.repeat(merged),
                     merged,
                 )

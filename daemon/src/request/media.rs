@@ -63,6 +63,8 @@ pub enum PixelLayout {
     Patches {
         /// `[t, h, w]`.
         grid_thw: [usize; 3],
+        /// Patches merged per side into one token (`spatial_merge_size`).
+        merge: usize,
     },
 }
 
@@ -120,6 +122,17 @@ impl PromptImage {
         out
     }
 
+    /// The merged token grid `(t, h, w)` of a Qwen2-VL image.
+    fn merged_grid(&self) -> Option<(usize, usize, usize)> {
+        match self.layout {
+            PixelLayout::Patches { grid_thw, merge } => {
+                let m = merge.max(1);
+                Some((grid_thw[0], grid_thw[1] / m, grid_thw[2] / m))
+            }
+            PixelLayout::Frames { .. } => None,
+        }
+    }
+
     /// Whether any of its placeholder tokens lies in positions `start .. end`.
     pub fn overlaps(&self, start: usize, end: usize) -> bool {
         self.runs.iter().any(|r| r.start < end && r.end > start)
@@ -138,6 +151,34 @@ pub fn block_images(
         .filter(|im| im.overlaps(start, end))
         .map(|im| im.hash)
         .collect()
+}
+
+/// Qwen2-VL's multimodal RoPE position `[t, h, w]` of sequence position `p`
+/// (transformers 5.24.0 `Qwen2_5_VLModel.get_rope_index`): text before the first image
+/// at `[p, p, p]`; an image's tokens at `base + [0, row, col]` over its merged grid,
+/// `base` its first token's text position; text after an image continues from `base +
+/// max(rows, cols)` rather than from its token count. Images must be in prompt order.
+pub fn mrope_position(images: &[std::sync::Arc<PromptImage>], p: usize) -> [u32; 3] {
+    let mut delta: i64 = 0;
+    for im in images {
+        let (Some((_, lh, lw)), Some(run)) = (im.merged_grid(), im.runs.first()) else {
+            continue;
+        };
+        if p < run.start {
+            break;
+        }
+        let n = im.tokens();
+        let base = run.start as i64 + delta;
+        if p < run.start + n && lw > 0 {
+            let o = p - run.start;
+            let rem = o % (lh * lw).max(1);
+            let at = |d: usize| (base + d as i64).max(0) as u32;
+            return [at(0), at(rem / lw), at(rem % lw)];
+        }
+        delta += lh.max(lw) as i64 - n as i64;
+    }
+    let q = (p as i64 + delta).max(0) as u32;
+    [q, q, q]
 }
 
 /// The end of a prefill chunk `start .. end` moved off the inside of an image's run: back

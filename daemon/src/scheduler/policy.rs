@@ -578,7 +578,9 @@ impl Scheduler {
                 images: s
                     .images
                     .iter()
-                    .filter(|im| im.overlaps(start, end))
+                    // Every image up to this step: Qwen2-VL's positions after an
+                    // image depend on it.
+                    .filter(|im| im.runs.first().is_some_and(|r| r.start < end))
                     .cloned()
                     .collect(),
                 tokens,

@@ -17,6 +17,9 @@ pub mod exact;
 pub mod flash;
 pub mod tiled;
 
+#[cfg(test)]
+mod bidirectional_tests;
+
 use std::ops::Range;
 
 use half::f16;

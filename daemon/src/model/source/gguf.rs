@@ -245,6 +245,7 @@ impl GgufSource {
                     None
                 },
                 scaling: self.rope_scaling(rope_dim, context_length)?,
+                mrope_section: None,
             },
             activation: if gemma {
                 Activation::GeluTanh

@@ -266,6 +266,38 @@ impl HfSource {
         Ok(self.f32_key(fallback_key)?.unwrap_or(default))
     }
 
+    /// `mrope_section` (Qwen2-VL / Qwen2.5-VL: `rope_parameters` in 5.x,
+    /// `rope_scaling` in 4.x): three counts of rotation frequencies summing to
+    /// `rope_dim / 2`.
+    fn mrope_section(&self, rope_dim: usize) -> Result<Option<[usize; 3]>, ModelError> {
+        let Some(v) = self
+            .rope_params("full_attention")
+            .or_else(|| self.get("rope_scaling"))
+            .and_then(|p| p.get("mrope_section"))
+        else {
+            return Ok(None);
+        };
+        let s: Vec<usize> = v
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64().map(|x| x as usize))
+                    .collect()
+            })
+            .unwrap_or_default();
+        match s.as_slice() {
+            &[t, h, w] if t + h + w == rope_dim / 2 => Ok(Some([t, h, w])),
+            _ => Err(ModelError::Metadata {
+                key: "config.json: rope_parameters.mrope_section".into(),
+                message: format!(
+                    "must be three counts summing to {} (got {})",
+                    rope_dim / 2,
+                    json_value(v)
+                ),
+            }),
+        }
+    }
+
     /// `rope_scaling` (4.x) or the 5.x `rope_parameters` of full attention.
     fn rope_scaling(&self, rope_dim: usize) -> Result<RopeScaling, ModelError> {
         let p = self
@@ -502,6 +534,7 @@ impl HfSource {
                     None
                 },
                 scaling: self.rope_scaling(rope_dim)?,
+                mrope_section: self.mrope_section(rope_dim)?,
             },
             activation,
             window: self.windows(n_layer)?,

@@ -23,11 +23,14 @@ pub enum VlmFamily {
     Llava,
     /// `Idefics3ForConditionalGeneration` (SmolVLM): SigLIP per tile, pixel shuffle.
     Idefics3,
+    /// `Qwen2_5_VLForConditionalGeneration`: window-attention ViT, patch merger,
+    /// M-RoPE in the decoder.
+    Qwen25Vl,
 }
 
 /// The supported classes, for messages.
 pub const SUPPORTED_VLM: &str = "Gemma3ForConditionalGeneration, LlavaForConditionalGeneration, \
-     Idefics3ForConditionalGeneration";
+     Idefics3ForConditionalGeneration, Qwen2_5_VLForConditionalGeneration";
 
 impl VlmFamily {
     /// From `config.json` `architectures[0]`.
@@ -36,6 +39,7 @@ impl VlmFamily {
             "Gemma3ForConditionalGeneration" => Self::Gemma3,
             "LlavaForConditionalGeneration" => Self::Llava,
             "Idefics3ForConditionalGeneration" => Self::Idefics3,
+            "Qwen2_5_VLForConditionalGeneration" => Self::Qwen25Vl,
             _ => return None,
         })
     }
@@ -48,11 +52,12 @@ impl VlmFamily {
             .unwrap_or(match self {
                 Self::Gemma3 => "gemma3_text",
                 Self::Llava | Self::Idefics3 => "llama",
+                Self::Qwen25Vl => "qwen2_5_vl_text",
             });
         match ty {
             "gemma3_text" | "gemma3" => Ok(Architecture::Gemma3),
             "llama" | "mistral" => Ok(Architecture::Llama),
-            "qwen2" => Ok(Architecture::Qwen2),
+            "qwen2" | "qwen2_5_vl_text" | "qwen2_5_vl" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
             "phi3" => Ok(Architecture::Phi3),
             other => Err(format!(
@@ -72,6 +77,7 @@ impl VlmFamily {
             ("model.text_model.", "model."),
             ("model.vision_tower.", "vision_tower."),
             ("model.multi_modal_projector.", "multi_modal_projector."),
+            ("model.visual.", "visual."),
         ];
         for (from, to) in MAP {
             if let Some(rest) = name.strip_prefix(from) {
@@ -86,6 +92,7 @@ impl VlmFamily {
         match self {
             Self::Gemma3 | Self::Llava => &["vision_tower.", "multi_modal_projector."],
             Self::Idefics3 => &["model.vision_model.", "model.connector."],
+            Self::Qwen25Vl => &["visual."],
         }
     }
 }
