@@ -246,20 +246,7 @@ impl RopeTable {
             let sin = &self.sin_host[p * half..(p + 1) * half];
             for h in 0..heads {
                 let base = (t * heads + h) * head_dim;
-                let row = &mut x[base..base + self.dim];
-                for i in 0..half {
-                    let (ia, ib) = match self.style {
-                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                        RopeStyle::Neox => (i, i + half),
-                    };
-                    let (a, b) = (row[ia], row[ib]);
-                    (row[ia], row[ib]) = match self.numerics {
-                        Numerics::Ggml => inferd_kernels::eltwise::rotate(a, b, cos[i], sin[i]),
-                        Numerics::Transformers => {
-                            (a * cos[i] - b * sin[i], a * sin[i] + b * cos[i])
-                        }
-                    };
-                }
+                self.rotate(&mut x[base..base + self.dim], cos, sin);
             }
         }
     }
