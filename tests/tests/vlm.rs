@@ -67,7 +67,26 @@ async fn family_matches_transformers(family: &str) {
         );
     }
     // The first case again: every full block up to the prompt's last is cached, its
-    // image's blocks included.
+    // image's blocks included, and the image is not encoded again.
+    let encoded = || {
+        let r = d.http("GET", "/metrics", &[], None).expect("metrics");
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix("inferd_images_encoded_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("inferd_images_encoded_total")
+    };
+    let images: u64 = cases
+        .iter()
+        .map(|c| c["images"].as_array().map_or(0, Vec::len) as u64)
+        .sum();
+    // At most one encoding per image sent (fewer: an image the cache held entirely,
+    // as the two-image case's first one can be).
+    let before = encoded();
+    assert!(
+        (1..=images).contains(&before),
+        "{family}: {before} encodings for {images} images"
+    );
     let first = &cases[0];
     let g = c
         .generate(
@@ -90,6 +109,11 @@ async fn family_matches_transformers(family: &str) {
     assert!(
         cached > last_image,
         "{family}: {cached} cached ≤ image end {last_image}"
+    );
+    assert_eq!(
+        encoded(),
+        before,
+        "{family}: a cached image is not encoded again"
     );
 }
 

@@ -207,7 +207,8 @@ impl Tracker {
         }
     }
 
-    /// `[N tokens, prompt P (C cached), TTFT T ms, S tok/s, finish: R]`.
+    /// `[N tokens, prompt P (C cached), TTFT T ms, S tok/s, finish: R]`; the prompt's
+    /// image tokens after the cached ones when it has any (`(C cached, I image)`).
     fn stats_line(&self, answer: &Answer) -> String {
         let ttft = answer
             .timings
@@ -219,8 +220,13 @@ impl Tracker {
             .get("decode_tokens_per_s")
             .and_then(Value::as_f64)
             .unwrap_or(0.0);
+        let images = match count(&answer.usage, "/image_tokens") {
+            0 => String::new(),
+            n => format!(", {n} image"),
+        };
         format!(
-            "[{} tokens, prompt {} ({} cached), TTFT {ttft:.0} ms, {speed:.1} tok/s, finish: {}]",
+            "[{} tokens, prompt {} ({} cached{images}), TTFT {ttft:.0} ms, {speed:.1} tok/s, \
+             finish: {}]",
             count(&answer.usage, "/completion_tokens"),
             self.prompt_tokens,
             self.cached_tokens,
@@ -296,6 +302,20 @@ mod tests {
         r#"{"type":"delta","id":"cli-1","text":"lo","token_ids":[2]}"#,
         DONE,
     ];
+
+    #[test]
+    fn image_tokens_join_the_stats_when_the_prompt_has_them() {
+        let done = DONE.replace(
+            r#""cached_tokens":3}"#,
+            r#""cached_tokens":3,"image_tokens":16}"#,
+        );
+        let frames = [FRAMES[0], FRAMES[1], FRAMES[3], done.as_str()];
+        let (_, err, _) = feed(&mut Tracker::new("cli-1", Render::Text), &frames);
+        assert_eq!(
+            err,
+            "[2 tokens, prompt 7 (3 cached, 16 image), TTFT 12 ms, 50.0 tok/s, finish: length]\n"
+        );
+    }
 
     #[test]
     fn frames_stream_text_and_stats() {

@@ -10,6 +10,7 @@ import pytest
 import inferd
 from client_helpers import FrameChecker, run
 from inferd_daemon import Daemon
+from inferd.events import Done, parse_event
 
 # A 1x1 PNG.
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
@@ -37,3 +38,19 @@ def test_a_text_only_model_refuses_an_image_naming_it(daemon: Daemon, check: Fra
             assert await c.tokenize("Paris") == [38634]
 
     run(body())
+
+
+def test_done_usage_carries_image_tokens_when_the_frame_has_them() -> None:
+    frame = {
+        "type": "done",
+        "id": "r1",
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 46, "completion_tokens": 8, "cached_tokens": 32,
+                  "draft_tokens": 0, "accepted_draft_tokens": 0, "image_tokens": 16},
+        "timings": {"ttft_ms": 1.0, "decode_tokens_per_s": 2.0},
+    }
+    done = parse_event(frame)
+    assert isinstance(done, Done)
+    assert done.usage.image_tokens == 16
+    del frame["usage"]["image_tokens"]
+    assert parse_event(frame).usage.image_tokens == 0

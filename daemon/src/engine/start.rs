@@ -95,12 +95,20 @@ pub fn start(engines: Vec<Loaded>, settings: &Settings) -> Started {
         media: MediaStep::new(&settings.media),
         vision: first_vision,
     });
-    let pool = |threads: usize| {
+    let new_pool = |threads: usize, images: Option<Addr<PrepareActor>>| {
         let (shared, placer, setup) = (shared.clone(), placer.clone(), plugin_setup.clone());
         SyncArbiter::start(threads, move || {
-            PrepareActor::new(shared.clone(), placer.clone(), setup.clone())
+            let a = PrepareActor::new(shared.clone(), placer.clone(), setup.clone());
+            match &images {
+                Some(p) => a.with_image_pool(p.clone()),
+                None => a,
+            }
         })
     };
+    // A vision-language model's image requests are decoded on a pool of their own
+    // (one thread: one decoded image in memory at a time), never on the text pool.
+    let image_pool = shared.vision.is_some().then(|| new_pool(1, None));
+    let pool = |threads: usize| new_pool(threads, image_pool.clone());
     let prepare = pool(settings.tokenizer.threads);
     let utility = pool(1);
     let created = crate::server::unix_now();

@@ -32,8 +32,11 @@ pub fn encode_pending(tower: Option<&VisionTower>, items: &[BatchItem]) -> Encod
         ..Encoded::default()
     };
     for (i, item) in items.iter().enumerate() {
+        let (start, end) = (item.start_pos, item.start_pos + item.tokens.len());
         for im in &item.images {
-            if im.features.get().is_some() {
+            // An image whose tokens this step does not compute (the prefix cache
+            // held them, or they were computed earlier) is not encoded.
+            if im.features.get().is_some() || !im.overlaps(start, end) {
                 continue;
             }
             let rows = match tower {

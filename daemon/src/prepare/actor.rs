@@ -107,6 +107,10 @@ pub struct PrepareActor {
     shared: Arc<PrepareShared>,
     placer: Arc<Placer>,
     plugin_setup: Addr<PluginSetupActor>,
+    /// The image pool (one thread) that prepares requests with images for a
+    /// vision-language model, so that decoding never holds up this pool's text
+    /// requests; `None` in the image pool itself and for a text-only model.
+    images: Option<Addr<PrepareActor>>,
 }
 
 impl PrepareActor {
@@ -121,7 +125,14 @@ impl PrepareActor {
             shared,
             placer,
             plugin_setup,
+            images: None,
         }
+    }
+
+    /// Hands requests with images to `pool` (see [`PrepareActor::images`]).
+    pub fn with_image_pool(mut self, pool: Addr<PrepareActor>) -> Self {
+        self.images = Some(pool);
+        self
     }
 
     /// The request's images, decoded and through the model's processor. A model
@@ -178,6 +189,12 @@ impl Handler<Prepare> for PrepareActor {
     type Result = ();
 
     fn handle(&mut self, msg: Prepare, _ctx: &mut SyncContext<Self>) {
+        if let (Some(pool), PromptInput::Messages(m)) = (&self.images, &msg.request.input) {
+            if m.iter().any(|m| !m.images.is_empty()) {
+                pool.do_send(msg);
+                return;
+            }
+        }
         let images = match self.media(&msg.request) {
             Ok(d) => d,
             Err(e) => {

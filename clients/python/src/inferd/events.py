@@ -97,6 +97,8 @@ class Usage:
     cached_tokens: int
     draft_tokens: int
     accepted_draft_tokens: int
+    image_tokens: int = 0
+    """Prompt tokens that are image placeholders (vision-language models)."""
 
 
 @dataclass(frozen=True)
