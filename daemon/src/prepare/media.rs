@@ -95,7 +95,8 @@ impl MediaStep {
         let max = self.config.max_images_per_request;
         if count > max {
             return Err(InferError::validation(format!(
-                "messages: {count} images, above media.max_images_per_request = {max}"
+                "messages: {count} image{}, above media.max_images_per_request = {max}",
+                if count == 1 { "" } else { "s" }
             )));
         }
         let mut out = Vec::with_capacity(count);
@@ -234,7 +235,10 @@ impl MediaStep {
             r.into_dimensions()
         })
         .map_err(|e| {
-            InferError::validation(format!("{at}: the {name} header does not decode: {e}"))
+            InferError::validation(format!(
+                "{at}: the {name} header does not decode: {}",
+                decoder_message(&e)
+            ))
         })?;
         self.check_size(at, width, height)?;
         let mut limits = Limits::default();
@@ -247,7 +251,10 @@ impl MediaStep {
             r.decode()
         })
         .map_err(|e| {
-            InferError::validation(format!("{at}: the {name} image does not decode: {e}"))
+            InferError::validation(format!(
+                "{at}: the {name} image does not decode: {}",
+                decoder_message(&e)
+            ))
         })?;
         // zune-jpeg fills a cut-off scan with grey; the end-of-image marker tells.
         if format == ImageFormat::Jpeg && !jpeg_ends(bytes) {
@@ -311,6 +318,13 @@ impl MediaStep {
 /// are tolerated, as decoders do). An embedded EXIF thumbnail's own marker sits near
 /// the start of the file, so a file cut after it is still caught unless the cut falls
 /// within 4 KiB of it.
+/// A decoder's message as one line a client can read: trailing whitespace dropped,
+/// control characters escaped and its length bounded (a corrupt file's bytes can
+/// appear in it).
+fn decoder_message(e: &str) -> String {
+    crate::model::source::bounded(e.trim_end())
+}
+
 fn jpeg_ends(bytes: &[u8]) -> bool {
     let tail = &bytes[bytes.len().saturating_sub(4096)..];
     tail.windows(2).any(|w| w == [0xFF, 0xD9])

@@ -175,7 +175,7 @@ fn the_bounds_refuse_naming_key_and_value() {
     let s = step(|c| c.max_images_per_request = 0);
     assert_eq!(
         refusal(&s, vec![data(&png)]),
-        "messages: 1 images, above media.max_images_per_request = 0"
+        "messages: 1 image, above media.max_images_per_request = 0"
     );
 }
 
@@ -228,6 +228,11 @@ fn truncated_lying_and_foreign_bytes_are_refused_not_panics() {
     assert!(
         cut.starts_with("messages[0].content[0]: the JPEG header does not decode"),
         "{cut}"
+    );
+    // One line, whatever the decoder wrote (it may end in a newline or quote bytes).
+    assert!(
+        !cut.contains(['\n', '\r']) && !cut.ends_with(' '),
+        "{cut:?}"
     );
     assert_eq!(
         refusal(&s, vec![data(b"GIF89a")]),
