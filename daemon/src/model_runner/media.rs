@@ -15,7 +15,8 @@ use super::BatchItem;
 /// What [`encode_pending`] did.
 #[derive(Debug, Default)]
 pub struct Encoded {
-    /// Per item: the error that fails its sequence (its image could not be encoded).
+    /// Per item: the error that fails its sequence (its image could not be encoded);
+    /// empty when no item has images.
     pub failed: Vec<Option<InferError>>,
     /// Images encoded.
     pub images: usize,
@@ -26,6 +27,10 @@ pub struct Encoded {
 /// Encodes the images of `items` not encoded yet. An image that fails fails its own
 /// item only: the step's other sequences run on.
 pub fn encode_pending(tower: Option<&VisionTower>, items: &[BatchItem]) -> Encoded {
+    if items.iter().all(|i| i.images.is_empty()) {
+        // Text only: no per-item list (`failed` empty means none failed).
+        return Encoded::default();
+    }
     let t0 = Instant::now();
     let mut out = Encoded {
         failed: vec![None; items.len()],

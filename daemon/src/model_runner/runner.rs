@@ -268,15 +268,22 @@ impl ModelRunner {
             crate::metrics::record_images_encoded(encoded.images, encoded.time);
         }
         let mrope = self.model.spec().rope.mrope_section.is_some();
-        let media: Vec<Option<crate::model::SeqMedia<'_>>> = batch
-            .items
-            .iter()
-            .map(|i| super::media::seq_media(i, mrope))
-            .collect();
+        // Text-only steps (the decode hot path) allocate nothing for images.
+        let any_images = batch.items.iter().any(|i| !i.images.is_empty());
+        let media: Vec<Option<crate::model::SeqMedia<'_>>> = if any_images {
+            batch
+                .items
+                .iter()
+                .map(|i| super::media::seq_media(i, mrope))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let seqs: Vec<ForwardSeq<'_>> = batch
             .items
             .iter()
-            .zip(&media)
+            .enumerate()
+            .map(|(k, i)| (i, media.get(k).and_then(Option::as_ref)))
             .map(|(i, m)| ForwardSeq {
                 tokens: &i.tokens,
                 start_pos: i.start_pos,
@@ -287,7 +294,7 @@ impl ModelRunner {
                     adapter: &a.lora,
                     scale: a.scale,
                 }),
-                media: m.as_ref(),
+                media: m,
             })
             .collect();
         let result = self
@@ -323,11 +330,12 @@ impl ModelRunner {
         match result {
             Ok(rows) => {
                 let mut rows = rows.unwrap_or_default().into_iter();
-                for ((item, drafts), fail) in batch.items.iter().zip(drafts).zip(encoded.failed) {
+                let mut failed = encoded.failed.into_iter();
+                for (item, drafts) in batch.items.iter().zip(drafts) {
                     let logits: Vec<Vec<f32>> = rows.by_ref().take(item.logit_rows).collect();
                     out.items.push(ItemOutput {
                         seq: item.seq,
-                        logits: fail.map_or(Ok(logits), Err),
+                        logits: failed.next().flatten().map_or(Ok(logits), Err),
                         drafts,
                     });
                 }
