@@ -517,3 +517,28 @@ fn a_refused_key_or_a_missing_daemon_is_reported_on_stdout_with_json() {
         "{got}"
     );
 }
+
+/// A message above the daemon's `server.max_message_bytes` (here an attached image):
+/// the daemon answers with an error frame and closes while the CLI is still writing;
+/// the CLI shows the daemon's reason, not the write's "connection reset".
+#[test]
+fn an_oversized_message_shows_the_daemons_limit() {
+    let daemon =
+        Daemon::start_with_env(&[("INFERD__SERVER__MAX_MESSAGE_BYTES", "65536")]).expect("daemon");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = dir.path().join("big.png");
+    // Base64 makes 3 bytes 4: the message is about 4/3 of this, far above the limit.
+    let bytes: Vec<u8> = (0..3_000_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+        .collect();
+    std::fs::write(&image, bytes).expect("write");
+    let path = image.display().to_string();
+    let out = run(&daemon, &["chat", "--image", &path, "What is this?"], "");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("server error (validation): message of ")
+            && err.contains("bytes exceeds the limit of 65536 bytes (server.max_message_bytes)"),
+        "{err}"
+    );
+}

@@ -58,6 +58,9 @@ impl std::error::Error for OpenError {}
 pub struct Connection {
     sink: SplitSink<Ws, Message>,
     stream: SplitStream<Ws>,
+    /// A text frame read while a send failed (the daemon's error frame for an
+    /// oversized message), returned by the next [`Self::next_text`].
+    pending: Option<String>,
 }
 
 /// The message for a connection the daemon closed while a reply was awaited.
@@ -129,19 +132,40 @@ impl Connection {
                 ),
             })?;
         let (sink, stream) = ws.split();
-        Ok(Self { sink, stream })
+        Ok(Self {
+            sink,
+            stream,
+            pending: None,
+        })
     }
 
     /// Sends one frame; `what` names it in the error.
+    ///
+    /// A message above the daemon's `server.max_message_bytes` makes the daemon answer
+    /// with an error frame and close while the message is still being written; the
+    /// write then fails, and the error frame, when it arrived, is what the next
+    /// [`Self::next_text`] returns, so the user reads the daemon's reason rather than
+    /// "connection reset".
     pub async fn send(&mut self, frame: &Value, what: &str) -> Result<()> {
-        self.sink
-            .send(Message::text(frame.to_string()))
-            .await
-            .with_context(|| format!("sending {what}"))
+        let text = frame.to_string();
+        let bytes = text.len();
+        let Err(e) = self.sink.send(Message::text(text)).await else {
+            return Ok(());
+        };
+        let wait = std::time::Duration::from_secs(2);
+        if let Ok(Some(Ok(Message::Text(t)))) = tokio::time::timeout(wait, self.stream.next()).await
+        {
+            self.pending = Some(t.as_str().to_owned());
+            return Ok(());
+        }
+        Err(e).with_context(|| format!("sending {what} ({bytes} bytes)"))
     }
 
     /// The next text frame. A closed connection is an error.
     pub async fn next_text(&mut self) -> Result<String> {
+        if let Some(text) = self.pending.take() {
+            return Ok(text);
+        }
         loop {
             let message = match self.stream.next().await {
                 None => bail!(CLOSED_EARLY),
