@@ -28,7 +28,7 @@ pub enum Architecture {
 }
 
 /// The GGUF architecture names accepted, for error messages.
-pub const SUPPORTED_GGUF: &str = "llama, qwen2, qwen3, qwen3moe, gemma3, phi3";
+pub const SUPPORTED_GGUF: &str = "llama, qwen2, qwen2vl, qwen3, qwen3moe, gemma3, phi3";
 /// The `config.json` classes accepted, for error messages.
 pub const SUPPORTED_HF: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
      Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM";
@@ -38,7 +38,8 @@ impl Architecture {
     pub fn from_gguf(name: &str) -> Option<Self> {
         Some(match name {
             "llama" => Self::Llama,
-            "qwen2" => Self::Qwen2,
+            // Qwen2-VL / Qwen2.5-VL's text model: Qwen2 with M-RoPE sections.
+            "qwen2" | "qwen2vl" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
             "qwen3moe" => Self::Qwen3Moe,
             "gemma3" => Self::Gemma3,

@@ -28,6 +28,9 @@ pub struct GgufSource {
     content: Content,
     reader: BufReader<File>,
     arch: Architecture,
+    /// `general.architecture` as written: the prefix of the `<arch>.*` keys (`qwen2vl`
+    /// reads as [`Architecture::Qwen2`] with M-RoPE).
+    prefix: String,
     path: String,
     /// Stacked `(n_expert, rows, cols)` expert tensors already read, by name.
     experts: HashMap<String, QTensor>,
@@ -133,6 +136,7 @@ impl GgufSource {
             content,
             reader,
             arch,
+            prefix: name,
             path: display,
             experts: HashMap::new(),
         })
@@ -166,7 +170,7 @@ impl GgufSource {
     /// A missing or inconsistent key, named.
     pub fn spec(&self) -> Result<ModelSpec, ModelError> {
         let md = &self.content.metadata;
-        let a = self.arch.name();
+        let a = self.prefix.as_str();
         let k = |s: &str| format!("{a}.{s}");
         let n_layer = require_u32(md, &k("block_count"))?;
         if n_layer > MAX_LAYERS {
@@ -245,7 +249,7 @@ impl GgufSource {
                     None
                 },
                 scaling: self.rope_scaling(rope_dim, context_length)?,
-                mrope_section: None,
+                mrope_section: self.mrope_section(rope_dim)?,
             },
             activation: if gemma {
                 Activation::GeluTanh
@@ -289,12 +293,45 @@ impl GgufSource {
         Ok(spec)
     }
 
+    /// `<arch>.rope.dimension_sections` (llama.cpp's `LLM_KV_ROPE_DIMENSION_SECTIONS`,
+    /// written for `qwen2vl`: four counts, the fourth 0 for Qwen2-VL / Qwen2.5-VL) as the
+    /// three M-RoPE sections (temporal, height, width), which must sum to `rope_dim / 2`.
+    fn mrope_section(&self, rope_dim: usize) -> Result<Option<[usize; 3]>, ModelError> {
+        let key = format!("{}.rope.dimension_sections", self.prefix);
+        let Some(v) = self.content.metadata.get(&key) else {
+            return Ok(None);
+        };
+        let counts: Option<Vec<usize>> = match v {
+            Value::Array(a) => a
+                .iter()
+                .map(|x| match x {
+                    Value::I32(v) => usize::try_from(*v).ok(),
+                    other => other.to_u32().ok().map(|v| v as usize),
+                })
+                .collect(),
+            _ => None,
+        };
+        match counts.as_deref() {
+            Some(&[t, h, w, 0]) | Some(&[t, h, w]) if t + h + w == rope_dim / 2 => {
+                Ok(Some([t, h, w]))
+            }
+            _ => Err(ModelError::Metadata {
+                key,
+                message: format!(
+                    "must be three counts (and a fourth 0) summing to {} (got {})",
+                    rope_dim / 2,
+                    quote(&format!("{v:?}"))
+                ),
+            }),
+        }
+    }
+
     /// Per-layer sliding windows: `<arch>.attention.sliding_window`, on Gemma 3 for the
     /// layers llama.cpp's `set_swa_pattern` marks (`il % n < n − 1`, n from
     /// `attention.sliding_window_pattern`, default 6), elsewhere on every layer.
     fn windows(&self, n_layer: usize) -> Result<Vec<Option<usize>>, ModelError> {
         let md = &self.content.metadata;
-        let a = self.arch.name();
+        let a = self.prefix.as_str();
         let Some(w) = meta_u32(md, &format!("{a}.attention.sliding_window"))?.filter(|&w| w > 0)
         else {
             return Ok(vec![None; n_layer]);
@@ -335,7 +372,7 @@ impl GgufSource {
     /// `rope.scaling.original_context_length`, as llama.cpp decides at load).
     fn rope_scaling(&self, rope_dim: usize, ctx: usize) -> Result<RopeScaling, ModelError> {
         let md = &self.content.metadata;
-        let a = self.arch.name();
+        let a = self.prefix.as_str();
         let orig = meta_u32(md, &format!("{a}.rope.scaling.original_context_length"))?;
         let name = if self.dims("rope_freqs.weight").is_some() {
             "rope_freqs.weight"
