@@ -51,6 +51,10 @@ pub struct ModelConfig {
     /// `--chat-template`, llama.cpp's `--chat-template-file`); empty = the model's own.
     /// Re-read on SIGHUP.
     pub chat_template: PathBuf,
+    /// A vision projector GGUF (llama.cpp's `--mmproj` file, `general.architecture =
+    /// clip`) that gives a GGUF model its vision tower; empty = none. A Hugging Face
+    /// directory carries its tower itself. Same path rules as `path`.
+    pub mmproj: PathBuf,
     /// Whether the model's `generation_config.json` sampling values (temperature,
     /// top-k, top-p, min-p; `do_sample: false` = greedy) replace the `[sampling]`
     /// defaults for requests that omit them (vLLM's `--generation-config auto`).
@@ -77,6 +81,7 @@ impl Default for ModelConfig {
             quantize: Quantize::None,
             context_length: 0,
             chat_template: PathBuf::new(),
+            mmproj: PathBuf::new(),
             generation_config: GenerationConfig::Auto,
         }
     }
@@ -569,6 +574,8 @@ pub struct CliOverrides {
     pub model: Option<PathBuf>,
     /// `--listen ADDR`.
     pub listen: Option<String>,
+    /// `--mmproj FILE`.
+    pub mmproj: Option<PathBuf>,
     /// `--lora-modules NAME=PATH` (repeatable): added to `lora.adapters`.
     pub lora_modules: Vec<(String, PathBuf)>,
 }
@@ -620,6 +627,11 @@ impl Settings {
                 .set_override("model.path", m.display().to_string())
                 .map_err(|e| ConfigError(e.to_string()))?;
         }
+        if let Some(m) = &cli.mmproj {
+            builder = builder
+                .set_override("model.mmproj", m.display().to_string())
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
         if let Some(l) = &cli.listen {
             builder = builder
                 .set_override("server.listen", l.clone())
@@ -656,6 +668,9 @@ impl Settings {
         expand_home("model.path", &mut self.model.path, home)?;
         if !self.model.chat_template.as_os_str().is_empty() {
             expand_home("model.chat_template", &mut self.model.chat_template, home)?;
+        }
+        if !self.model.mmproj.as_os_str().is_empty() {
+            expand_home("model.mmproj", &mut self.model.mmproj, home)?;
         }
         expand_home("plugins.dir", &mut self.plugins.dir, home)?;
         if !self.plugins.compile_cache.as_os_str().is_empty() {
@@ -837,11 +852,13 @@ mod tests {
         let cli = CliOverrides {
             model: Some(PathBuf::from("/m.gguf")),
             listen: Some("127.0.0.1:1".into()),
+            mmproj: Some(PathBuf::from("/mmproj.gguf")),
             lora_modules: vec![("sql".into(), PathBuf::from("/a/sql-lora"))],
         };
         let s = Settings::load(Some(&p), &cli).expect("load");
         assert_eq!(s.server.listen, "127.0.0.1:1");
         assert_eq!(s.model.path, PathBuf::from("/m.gguf"));
+        assert_eq!(s.model.mmproj, PathBuf::from("/mmproj.gguf"));
         assert_eq!(
             s.lora.adapters.get("sql"),
             Some(&PathBuf::from("/a/sql-lora"))
@@ -1096,6 +1113,7 @@ mod tests {
                 let cli = CliOverrides {
                     model: Some(PathBuf::from("~/m.gguf")),
                     listen: None,
+                    mmproj: None,
                     lora_modules: Vec::new(),
                 };
                 let s = Settings::load(Some(&p), &cli).expect("load");

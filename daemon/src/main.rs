@@ -34,6 +34,10 @@ enum Command {
         /// GGUF model file or Hugging Face checkpoint directory (overrides model.path).
         #[arg(long, value_name = "PATH")]
         model: Option<PathBuf>,
+        /// A vision projector GGUF for a GGUF model, llama.cpp's mmproj file (overrides
+        /// model.mmproj).
+        #[arg(long, value_name = "FILE")]
+        mmproj: Option<PathBuf>,
         /// Listen address host:port (overrides server.listen); port 0 picks a free one.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             model,
+            mmproj,
             listen,
             lora_modules,
         } => {
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
                 cli: CliOverrides {
                     model,
                     listen,
+                    mmproj,
                     lora_modules,
                 },
             };

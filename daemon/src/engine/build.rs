@@ -110,10 +110,10 @@ pub fn load(
     tracing::info!(path = %settings.model.path.display(), ?device, "loading model");
     crate::service::status(&format!("loading model {}", settings.model.path.display()));
     let t0 = std::time::Instant::now();
-    let loaded = crate::model::load(
+    let mut loaded = crate::model::load(
         &settings.model.path,
         &LoadOptions {
-            device,
+            device: device.clone(),
             matrices: MatrixPolicy {
                 kernels: settings.model.kernels,
                 quantize: settings.model.quantize,
@@ -126,24 +126,41 @@ pub fn load(
             settings.model.path.display()
         )
     })?;
+    if !settings.model.mmproj.as_os_str().is_empty() {
+        crate::model::attach_mmproj(&mut loaded, &settings.model.mmproj, &device).with_context(
+            || {
+                format!(
+                    "loading vision projector {} (model.mmproj)",
+                    settings.model.mmproj.display()
+                )
+            },
+        )?;
+    }
     let tokenizer = match loaded.format {
         ModelFormat::Gguf => TextTokenizer::from_gguf(&loaded.metadata),
         ModelFormat::HfDir => TextTokenizer::from_hf_dir(&loaded.path),
     };
     let mut tokenizer =
         tokenizer.with_context(|| format!("tokenizer of {}", settings.model.path.display()))?;
-    // A vision-language template reads each message's content as parts.
-    tokenizer.set_content_parts(loaded.vision.is_some());
-    let mut loaded = loaded;
     let vision = match loaded.vision.take() {
         Some(v) => {
-            let prompt = crate::prepare::vision::VisionPrompt::from_hf(
-                &loaded.path,
-                &v.config,
-                &tokenizer,
-                v.tower.tokens_per_frame(),
-            )
+            let prompt = match &v.preprocessor {
+                Some(pp) => crate::prepare::vision::VisionPrompt::from_mmproj(
+                    &v.config,
+                    pp,
+                    &tokenizer,
+                    v.tower.tokens_per_frame(),
+                ),
+                None => crate::prepare::vision::VisionPrompt::from_hf(
+                    &loaded.path,
+                    &v.config,
+                    &tokenizer,
+                    v.tower.tokens_per_frame(),
+                ),
+            }
             .map_err(|e| anyhow::anyhow!("{}: {e}", settings.model.path.display()))?;
+            // A vision-language template reads each message's content as parts.
+            tokenizer.set_content_parts(prompt.content_parts());
             tracing::info!(
                 tokens_per_image = v.tower.tokens_per_frame(),
                 "vision tower loaded"

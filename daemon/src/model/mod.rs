@@ -222,6 +222,60 @@ pub struct LoadedVision {
     pub tower: Tower,
     /// The checkpoint's whole `config.json` (token ids, family, projector settings).
     pub config: serde_json::Value,
+    /// The image processor's settings made from an mmproj file's `clip.*` keys (`None`:
+    /// the checkpoint directory's `preprocessor_config.json`).
+    pub preprocessor: Option<serde_json::Value>,
+}
+
+/// Gives a loaded GGUF text model the vision tower of the mmproj file at `path`
+/// ([`vision::mmproj`]), on `device`.
+///
+/// # Errors
+/// The model is not a GGUF file or has a tower already; the mmproj file's errors; a
+/// projector whose output width is not the text model's hidden size.
+pub fn attach_mmproj(
+    loaded: &mut LoadedModel,
+    path: &Path,
+    device: &Device,
+) -> Result<(), ModelError> {
+    if loaded.format != ModelFormat::Gguf || loaded.vision.is_some() {
+        return Err(ModelError::Metadata {
+            key: "model.mmproj".into(),
+            message: format!(
+                "a vision projector GGUF goes with a GGUF text model; {} carries its own \
+                 vision tower",
+                loaded.path.display()
+            ),
+        });
+    }
+    let tokens: Vec<String> = match loaded.metadata.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|t| match t {
+                Value::String(s) => s.clone(),
+                _ => String::new(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let hidden = loaded.model.spec().n_embd;
+    let m = vision::mmproj::read(path, hidden, &tokens)?;
+    let tower = Tower::from_hf(&m.config, m.tensors, device)?;
+    if tower.out_dim() != hidden {
+        return Err(ModelError::Metadata {
+            key: "clip.vision.projection_dim".into(),
+            message: format!(
+                "the projector gives rows of {} but the text model's hidden size is {hidden}",
+                tower.out_dim()
+            ),
+        });
+    }
+    loaded.vision = Some(LoadedVision {
+        tower,
+        config: m.config,
+        preprocessor: Some(m.preprocessor),
+    });
+    Ok(())
 }
 
 /// Loads a GGUF file, or a Hugging Face directory (a path that is a directory).
@@ -244,6 +298,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, ModelError> 
             Some((config, tensors)) => Some(LoadedVision {
                 tower: Tower::from_hf(&config, tensors, device)?,
                 config,
+                preprocessor: None,
             }),
             None => None,
         };

@@ -26,7 +26,7 @@ use super::preprocess::{ImageProcessor, PixelValues};
 use crate::error::InferError;
 use crate::model::source::hf_vlm::VlmFamily;
 use crate::request::{PixelLayout, PromptImage};
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{ContentParts, TextTokenizer};
 
 /// A VLM's prompt side.
 #[derive(Debug, Clone)]
@@ -41,7 +41,17 @@ pub struct VisionPrompt {
     boi_eoi: Option<(String, String)>,
     /// Placeholder tokens per frame (tile).
     tokens_per_frame: usize,
+    /// llama.cpp's mtmd texts around an image (the GGUF + mmproj path), not
+    /// transformers': the template gets the media marker as a text part, Gemma 3's
+    /// image is `<start_of_image>` … `<end_of_image>` without `"\n\n"` around it,
+    /// Qwen's is wrapped in these `<|vision_start|>` / `<|vision_end|>` texts
+    /// (`tools/mtmd/mtmd.cpp`, `init_vision`).
+    mtmd: Option<(String, String)>,
 }
+
+/// llama.cpp's media marker (`mtmd_default_marker()`), which llama-server puts where an
+/// image part was before it applies the template.
+pub const MTMD_MARKER: &str = "<__media__>";
 
 /// One image ready for the prompt: its pixel values, its placeholder text, its hash.
 #[derive(Debug)]
@@ -77,6 +87,52 @@ impl VisionPrompt {
         tokenizer: &TextTokenizer,
         tokens_per_frame: usize,
     ) -> Result<Self, String> {
+        let pp = dir.join("preprocessor_config.json");
+        let text = std::fs::read_to_string(&pp).map_err(|e| format!("{}: {e}", pp.display()))?;
+        Self::from_parts(config, &text, tokenizer, tokens_per_frame)
+    }
+
+    /// The prompt side of an mmproj GGUF ([`crate::model::vision::mmproj::Mmproj`]'s
+    /// `config` and `preprocessor`), with llama.cpp's mtmd placeholder texts.
+    ///
+    /// # Errors
+    /// As [`Self::from_hf`].
+    pub fn from_mmproj(
+        config: &Value,
+        preprocessor: &Value,
+        tokenizer: &TextTokenizer,
+        tokens_per_frame: usize,
+    ) -> Result<Self, String> {
+        let mut me = Self::from_parts(
+            config,
+            &preprocessor.to_string(),
+            tokenizer,
+            tokens_per_frame,
+        )?;
+        let text_of = |key: &str| {
+            token_id(config, &[key])
+                .and_then(|id| tokenizer.token_text(id))
+                .map(str::to_string)
+                .unwrap_or_default()
+        };
+        let wrap = match me.family {
+            VlmFamily::Qwen25Vl => (
+                text_of("vision_start_token_id"),
+                text_of("vision_end_token_id"),
+            ),
+            _ => (String::new(), String::new()),
+        };
+        me.mtmd = Some(wrap);
+        me.marker = MTMD_MARKER.to_string();
+        Ok(me)
+    }
+
+    fn from_parts(
+        config: &Value,
+        preprocessor_json: &str,
+        tokenizer: &TextTokenizer,
+        tokens_per_frame: usize,
+    ) -> Result<Self, String> {
         let class = config
             .get("architectures")
             .and_then(|a| a.get(0))
@@ -85,9 +141,7 @@ impl VisionPrompt {
         let family = VlmFamily::from_hf(class).ok_or_else(|| {
             format!("config.json: architectures[0] {class:?} has no vision prompt here")
         })?;
-        let pp = dir.join("preprocessor_config.json");
-        let text = std::fs::read_to_string(&pp).map_err(|e| format!("{}: {e}", pp.display()))?;
-        let processor = ImageProcessor::from_hf_json(&text)?;
+        let processor = ImageProcessor::from_hf_json(preprocessor_json)?;
         let text_of = |id: u32, key: &str| -> Result<String, String> {
             tokenizer
                 .token_text(id)
@@ -132,7 +186,17 @@ impl VisionPrompt {
             marker,
             boi_eoi,
             tokens_per_frame,
+            mtmd: None,
         })
+    }
+
+    /// How messages reach the template: typed parts (transformers), or the media
+    /// marker as a text part (llama-server, the GGUF + mmproj path).
+    pub fn content_parts(&self) -> ContentParts {
+        match self.mtmd {
+            None => ContentParts::Typed,
+            Some(_) => ContentParts::MediaText(self.marker.clone()),
+        }
     }
 
     /// The template's text for one image.
@@ -166,7 +230,10 @@ impl VisionPrompt {
             ImageProcessor::Gemma3(p) => {
                 let (pixels, layout) = frames(&[p.process(&rgb)]);
                 let (boi, eoi) = self.boi_eoi.clone().unwrap_or_default();
-                let text = format!("\n\n{boi}{}{eoi}\n\n", tok.repeat(n));
+                let text = match self.mtmd {
+                    None => format!("\n\n{boi}{}{eoi}\n\n", tok.repeat(n)),
+                    Some(_) => format!("{boi}{}{eoi}", tok.repeat(n)),
+                };
                 (pixels, layout, text, n)
             }
             ImageProcessor::Clip(p) => {
@@ -199,13 +266,14 @@ impl VisionPrompt {
             ImageProcessor::QwenVl(p) => {
                 let (pv, grid) = p.process(&rgb);
                 let merged = grid[0] * grid[1] * grid[2] / (p.merge_size * p.merge_size).max(1);
+                let (start, end) = self.mtmd.clone().unwrap_or_default();
                 (
                     pv.data,
                     PixelLayout::Patches {
                         grid_thw: grid,
                         merge: p.merge_size,
                     },
-                    tok.repeat(merged),
+                    format!("{start}{}{end}", tok.repeat(merged)),
                     merged,
                 )
             }

@@ -77,7 +77,7 @@ fn prompt(family: &str, case: &Value) -> Prompt {
     .expect("model");
     let vision = loaded.vision.expect("a vision tower");
     let mut tok = TextTokenizer::from_hf_dir(&d).expect("tokenizer");
-    tok.set_content_parts(true);
+    tok.set_content_parts(crate::tokenizer::ContentParts::Typed);
     let vp = VisionPrompt::from_hf(&d, &vision.config, &tok, vision.tower.tokens_per_frame())
         .expect("vision prompt");
     let msg = message(case);
@@ -154,7 +154,7 @@ fn a_template_that_drops_an_image_is_refused_naming_the_counts() {
     let case = &r["cases"][0];
     let d = dir("llava");
     let mut tok = TextTokenizer::from_hf_dir(&d).expect("tokenizer");
-    tok.set_content_parts(true);
+    tok.set_content_parts(crate::tokenizer::ContentParts::Typed);
     let req = request(message(case));
     // Two expansions for the template's one marker.
     let texts = vec!["<image>".to_string(), "<image>".to_string()];

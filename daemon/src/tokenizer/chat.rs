@@ -105,7 +105,7 @@ impl TextTokenizer {
         let mut extras = TemplateExtras {
             tools: None,
             kwargs: kwargs.clone(),
-            content_parts: self.content_parts,
+            content_parts: self.content_parts.clone(),
         };
         let rewritten;
         let messages = if native {

@@ -43,6 +43,9 @@ pub struct ChatTemplate {
     eos_token: String,
     /// The Jinja source (read to choose the tool-call and reasoning formats).
     source: String,
+    /// Whether the template reads a message's content only as a list of parts
+    /// ([`Self::typed_only`]), found on first need.
+    typed_only: std::sync::OnceLock<bool>,
 }
 
 /// Variables a template gets besides `messages`: the request's `tools` (OpenAI's
@@ -54,10 +57,25 @@ pub struct TemplateExtras {
     pub tools: Option<serde_json::Value>,
     /// Extra variables (`chat_template_kwargs`), e.g. `enable_thinking`.
     pub kwargs: serde_json::Map<String, serde_json::Value>,
-    /// Every message's `content` as a list of parts (`{"type": "text", "text": …}`,
-    /// `{"type": "image"}` where an image sits), as transformers' processors pass it to
-    /// a vision-language model's template; otherwise a string.
-    pub content_parts: bool,
+    /// How each message's `content` reaches the template.
+    pub content_parts: ContentParts,
+}
+
+/// How message content reaches a chat template.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ContentParts {
+    /// One string (a text model).
+    #[default]
+    Text,
+    /// A list of parts, `{"type": "text", "text": …}` and `{"type": "image"}` where an
+    /// image sits, as transformers' processors pass it to a vision-language model's
+    /// template.
+    Typed,
+    /// As llama-server gives a GGUF's template a message with images (the GGUF +
+    /// mmproj path): its text with this marker where each image sits, as a string, or
+    /// as one text part when the template reads only parts (`common/chat.cpp`); the
+    /// marker is outside the message text. Messages without images: a string.
+    MediaText(String),
 }
 
 /// A rendered prompt with the byte ranges that came from message content.
@@ -99,6 +117,32 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             source: source.to_string(),
+            typed_only: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Whether the template shows a user message's content given as a list of text
+    /// parts but not given as a string: llama.cpp's capability probe
+    /// (`common/chat.cpp`, `supports_string_content` / `supports_typed_content`), by
+    /// which llama-server decides how a message with media reaches the template.
+    fn typed_only(&self) -> bool {
+        *self.typed_only.get_or_init(|| {
+            let shows = |content: Value, probe: &str| -> bool {
+                let Ok(t) = self.env.get_template(TEMPLATE_NAME) else {
+                    return false;
+                };
+                let messages = vec![context! { role => "user", content => content }];
+                t.render(context! {
+                    messages => messages,
+                    add_generation_prompt => false,
+                    bos_token => self.bos_token.as_str(),
+                    eos_token => self.eos_token.as_str(),
+                })
+                .is_ok_and(|out| out.contains(probe))
+            };
+            let (string, typed) = ("<inferd string probe>", "<inferd typed probe>");
+            let parts = Value::from(vec![context! { type => "text", text => typed }]);
+            !shows(Value::from(string), string) && shows(parts, typed)
         })
     }
 
@@ -185,7 +229,12 @@ impl ChatTemplate {
     ) -> Result<String, InferError> {
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| message_value(m, &content, extras.content_parts))
+            .map(|m| match &extras.content_parts {
+                ContentParts::MediaText(marker) if !m.images.is_empty() => {
+                    media_text_message(m, &content, marker, self.typed_only())
+                }
+                parts => message_value(m, &content, parts),
+            })
             .collect();
         let template = self
             .env
@@ -256,6 +305,38 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
+/// A message with images as llama-server gives it to a GGUF's template
+/// (`common_chat_msg::to_json_oaicompat`): one string, each image the media marker where
+/// it sits (no newline joins a marker), as a single text part when the template reads
+/// only parts.
+fn media_text_message(
+    m: &ChatMessage,
+    content: &impl Fn(&str) -> String,
+    marker: &str,
+    typed_only: bool,
+) -> Value {
+    let mut text = String::new();
+    let mut at = 0;
+    let mut images: Vec<usize> = m.images.iter().map(|i| i.offset).collect();
+    images.sort_unstable();
+    for off in images {
+        let off = off.min(m.content.len()).max(at);
+        if let Some(t) = m.content.get(at..off).filter(|t| !t.is_empty()) {
+            text.push_str(&content(t));
+        }
+        text.push_str(marker);
+        at = off;
+    }
+    if let Some(t) = m.content.get(at..).filter(|t| !t.is_empty()) {
+        text.push_str(&content(t));
+    }
+    let body = match typed_only {
+        true => Value::from(vec![context! { type => "text", text => text }]),
+        false => Value::from(text),
+    };
+    context! { role => m.role.as_str(), content => body }
+}
+
 /// A message's content as parts: text between its images, each image where it sits.
 fn content_parts(m: &ChatMessage, content: &impl Fn(&str) -> String) -> Value {
     let mut parts = Vec::new();
@@ -281,12 +362,19 @@ fn content_parts(m: &ChatMessage, content: &impl Fn(&str) -> String) -> Value {
     Value::from(parts)
 }
 
-fn message_value(m: &ChatMessage, content: &impl Fn(&str) -> String, parts: bool) -> Value {
+fn message_value(
+    m: &ChatMessage,
+    content: &impl Fn(&str) -> String,
+    parts: &ContentParts,
+) -> Value {
     let mut fields: Vec<(&str, Value)> = vec![("role", Value::from(m.role.as_str()))];
     let text = if m.content.is_empty() && !m.tool_calls.is_empty() {
         Value::from(())
-    } else if parts {
+    } else if let ContentParts::Typed = parts {
         content_parts(m, content)
+    } else if let ContentParts::MediaText(_) = parts {
+        // A message without images reaches the template as on a text model.
+        Value::from(content(&m.content))
     } else {
         Value::from(content(&m.content))
     };

@@ -39,7 +39,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file;
 
 pub use chat::ChatPrompt;
-pub use chat_template::{ChatTemplate, RenderedPrompt, TemplateExtras};
+pub use chat_template::{ChatTemplate, ContentParts, RenderedPrompt, TemplateExtras};
 pub use gguf::PreTokenizerKind;
 pub use hf_config::GenerationDefaults;
 pub use special::TokenType;
@@ -236,9 +236,8 @@ pub struct TextTokenizer {
     /// replaced on SIGHUP.
     template_override: std::sync::RwLock<Option<std::sync::Arc<ChatTemplate>>>,
     generation: GenerationDefaults,
-    /// Messages reach the template with their content as parts (a vision-language
-    /// model's template; [`TemplateExtras::content_parts`]).
-    content_parts: bool,
+    /// How messages' content reaches the template ([`TemplateExtras::content_parts`]).
+    content_parts: ContentParts,
 }
 
 impl TextTokenizer {
@@ -435,15 +434,14 @@ impl TextTokenizer {
             chat_template: parts.chat_template,
             template_override: std::sync::RwLock::new(None),
             generation: parts.generation,
-            content_parts: false,
+            content_parts: ContentParts::Text,
         }
     }
 
-    /// Messages reach the chat template with their content as a list of parts, as
-    /// transformers' processors give a vision-language model's template (text parts,
-    /// and `{"type": "image"}` where an image sits).
-    pub fn set_content_parts(&mut self, on: bool) {
-        self.content_parts = on;
+    /// How messages' content reaches the chat template: a string, or a list of parts
+    /// for a vision-language model's template ([`ContentParts`]).
+    pub fn set_content_parts(&mut self, parts: ContentParts) {
+        self.content_parts = parts;
     }
 
     /// Token ids for `text`, never with BOS or EOS (llama.cpp `tokenize` with

@@ -22,6 +22,9 @@ use projector::{Gemma3Projector, Idefics3Connector, LlavaProjector};
 use siglip::{VisionTransformer, VitConfig, VitLayout};
 
 mod load;
+pub mod mmproj;
+#[cfg(test)]
+mod mmproj_tests;
 mod projector;
 pub mod qwen2_5_vl;
 mod siglip;
