@@ -208,7 +208,7 @@ impl Daemon {
         let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let lines2 = lines.clone();
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Ok(mut l) = lines2.lock() {
                     l.push(line);
@@ -243,7 +243,11 @@ impl Daemon {
         let url = match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(u) => u,
             Err(_) => {
+                // A daemon that exits closes stdout at once; its stderr may still be
+                // unread, so wait for it to end before reporting it.
                 let _ = child.kill();
+                let _ = child.wait();
+                let _ = stderr_reader.join();
                 let tail = lines.lock().map(|l| l.join("\n")).unwrap_or_default();
                 bail!("inferd did not start listening; stderr:\n{tail}");
             }
@@ -723,6 +727,17 @@ pub fn run_python(script: &str, args: &[&str], stdin: Option<&str>) -> Result<Va
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// An OpenAI `image_url` content part carrying the PNG file at `path` as a `data:` URL.
+///
+/// # Panics
+/// When the file cannot be read.
+pub fn png_part(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let b64 = data_encoding::BASE64.encode(&bytes);
+    serde_json::json!({"type": "image_url",
+                       "image_url": {"url": format!("data:image/png;base64,{b64}")}})
 }
 
 /// Token ids of a JSON array.
