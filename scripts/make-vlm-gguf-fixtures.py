@@ -85,25 +85,15 @@ def cmd_images(out, families):
 # ------------------------------------------------------------------------------------------------------------
 
 # convert_hf_to_gguf.py with one patch (the vendored script is not edited): our locally trained vocabulary has
-# a pre-tokenizer check hash unknown to the converter; its Split regex is Qwen2's, so answer "qwen2" then
-# (as scripts/make-vlm-fixtures.py --gguf-out and scripts/crosscheck-tiny-gguf.py do).
-GGUF_CONVERT = r"""
-import runpy, sys
-from pathlib import Path
-lcpp, src, out, *extra = sys.argv[1:]
-lcpp = Path(lcpp)
-sys.path.insert(0, str(lcpp)); sys.path.insert(1, str(lcpp / "gguf-py"))
-import conversion.base as base
-orig = base.TextModel.get_vocab_base_pre
-def vocab_pre(self, tokenizer):
-    try:
-        return orig(self, tokenizer)
-    except NotImplementedError:
-        return "qwen2"
-base.TextModel.get_vocab_base_pre = vocab_pre
-sys.argv = [str(lcpp / "convert_hf_to_gguf.py"), "--outtype", "f32", "--outfile", out, *extra, src]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# a pre-tokenizer check hash unknown to the converter; its Split regex is Qwen2's, so answer "qwen2" then. The
+# wrapper is scripts/make-vlm-fixtures.py's (--gguf-out), read from that file so the two cannot drift.
+def _gguf_convert_source():
+    text = (Path(__file__).resolve().parent / "make-vlm-fixtures.py").read_text()
+    start = text.index('GGUF_CONVERT = r"""') + len('GGUF_CONVERT = r"""')
+    return text[start:text.index('"""', start)]
+
+
+GGUF_CONVERT = _gguf_convert_source()
 
 
 def run(cmd, env=None, cwd=None):

@@ -4,7 +4,7 @@
 //! greedy tokens, report their image tokens, and hit the prefix cache for an equal
 //! image only.
 
-use inferd_e2e::{ids, run_python, workspace_root, Daemon};
+use inferd_e2e::{ids, png_part, run_python, workspace_root, Daemon};
 use serde_json::{json, Value};
 
 fn reference(family: &str) -> Value {
@@ -25,13 +25,7 @@ fn messages(case: &Value) -> Value {
         .expect("content")
         .iter()
         .map(|part| match part["type"].as_str() {
-            Some("image") => {
-                let bytes =
-                    std::fs::read(image_path(part["path"].as_str().expect("path"))).expect("image");
-                let b64 = data_encoding::BASE64.encode(&bytes);
-                json!({"type": "image_url",
-                       "image_url": {"url": format!("data:image/png;base64,{b64}")}})
-            }
+            Some("image") => png_part(&image_path(part["path"].as_str().expect("path"))),
             _ => part.clone(),
         })
         .collect();

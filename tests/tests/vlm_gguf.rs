@@ -7,7 +7,7 @@
 //! defects, so its tokens are not the reference: see the fixture README); SmolVLM, which
 //! llama.cpp refuses on this vocabulary, is served with its tiles' image tokens.
 
-use inferd_e2e::{ids, workspace_root, Daemon};
+use inferd_e2e::{ids, png_part, workspace_root, Daemon};
 use serde_json::{json, Value};
 
 fn dir(family: &str) -> std::path::PathBuf {
@@ -27,11 +27,7 @@ fn messages(family: &str, case: &Value) -> Value {
         .iter()
         .map(|part| match part["type"].as_str() {
             Some("image_url") => {
-                let file = part["image_url"]["url"].as_str().expect("url");
-                let bytes = std::fs::read(dir(family).join(file)).expect("image");
-                let b64 = data_encoding::BASE64.encode(&bytes);
-                json!({"type": "image_url",
-                       "image_url": {"url": format!("data:image/png;base64,{b64}")}})
+                png_part(&dir(family).join(part["image_url"]["url"].as_str().expect("url")))
             }
             _ => part.clone(),
         })
@@ -100,16 +96,11 @@ async fn llava_gguf_with_mmproj_has_llama_cpps_prompt() {
 async fn smolvlm_gguf_with_mmproj_serves_tiles() {
     let d = start("smolvlm");
     let mut c = d.connect().await.expect("connect");
-    let bytes = std::fs::read(dir("smolvlm").join("grad_64x64.png")).expect("image");
-    let url = format!(
-        "data:image/png;base64,{}",
-        data_encoding::BASE64.encode(&bytes)
-    );
     let g = c
         .generate(
             json!({"type": "generate", "id": "s", "max_tokens": 8, "temperature": 0,
             "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": url}},
+                png_part(&dir("smolvlm").join("grad_64x64.png")),
                 {"type": "text", "text": "Describe this image."}]}]}),
         )
         .await
