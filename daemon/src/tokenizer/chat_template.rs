@@ -71,10 +71,10 @@ pub enum ContentParts {
     /// image sits, as transformers' processors pass it to a vision-language model's
     /// template.
     Typed,
-    /// As llama-server gives a GGUF's template a message with images (the GGUF +
-    /// mmproj path): its text with this marker where each image sits, as a string, or
-    /// as one text part when the template reads only parts (`common/chat.cpp`); the
-    /// marker is outside the message text. Messages without images: a string.
+    /// As llama-server gives a GGUF's template a message (the GGUF + mmproj path): its
+    /// text with this marker where each image sits (outside the message text), as a
+    /// string, or as one text part when the template reads only parts (its
+    /// `common/chat.cpp` normalizes every message so).
     MediaText(String),
 }
 
@@ -229,12 +229,7 @@ impl ChatTemplate {
     ) -> Result<String, InferError> {
         let messages: Vec<Value> = messages
             .iter()
-            .map(|m| match &extras.content_parts {
-                ContentParts::MediaText(marker) if !m.images.is_empty() => {
-                    media_text_message(m, &content, marker, self.typed_only())
-                }
-                parts => message_value(m, &content, parts),
-            })
+            .map(|m| message_value(m, &content, &extras.content_parts, || self.typed_only()))
             .collect();
         let template = self
             .env
@@ -305,11 +300,11 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
-/// A message with images as llama-server gives it to a GGUF's template
-/// (`common_chat_msg::to_json_oaicompat`): one string, each image the media marker where
-/// it sits (no newline joins a marker), as a single text part when the template reads
-/// only parts.
-fn media_text_message(
+/// A message's content as llama-server gives it to a GGUF's template
+/// (`common_chat_msg::to_json_oaicompat`, then `normalize`): one string, each image the
+/// media marker where it sits (no newline joins a marker), as a single text part when
+/// the template reads only parts.
+fn media_text(
     m: &ChatMessage,
     content: &impl Fn(&str) -> String,
     marker: &str,
@@ -330,11 +325,10 @@ fn media_text_message(
     if let Some(t) = m.content.get(at..).filter(|t| !t.is_empty()) {
         text.push_str(&content(t));
     }
-    let body = match typed_only {
+    match typed_only {
         true => Value::from(vec![context! { type => "text", text => text }]),
         false => Value::from(text),
-    };
-    context! { role => m.role.as_str(), content => body }
+    }
 }
 
 /// A message's content as parts: text between its images, each image where it sits.
@@ -366,17 +360,17 @@ fn message_value(
     m: &ChatMessage,
     content: &impl Fn(&str) -> String,
     parts: &ContentParts,
+    typed_only: impl Fn() -> bool,
 ) -> Value {
     let mut fields: Vec<(&str, Value)> = vec![("role", Value::from(m.role.as_str()))];
     let text = if m.content.is_empty() && !m.tool_calls.is_empty() {
         Value::from(())
-    } else if let ContentParts::Typed = parts {
-        content_parts(m, content)
-    } else if let ContentParts::MediaText(_) = parts {
-        // A message without images reaches the template as on a text model.
-        Value::from(content(&m.content))
     } else {
-        Value::from(content(&m.content))
+        match parts {
+            ContentParts::Typed => content_parts(m, content),
+            ContentParts::MediaText(marker) => media_text(m, content, marker, typed_only()),
+            ContentParts::Text => Value::from(content(&m.content)),
+        }
     };
     fields.push(("content", text));
     if !m.tool_calls.is_empty() {

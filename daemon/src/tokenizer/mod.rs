@@ -30,6 +30,8 @@ mod tests_gemma3;
 #[cfg(test)]
 mod tests_hf;
 #[cfg(test)]
+mod tests_media_text;
+#[cfg(test)]
 mod tests_spm;
 
 use std::collections::HashMap;
