@@ -70,8 +70,9 @@ impl Quant for F32Weights {
         tail(f32x16_dot_main(np, |i| value(w, i), |i| a[i]), w, a, np)
     }
 
-    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]), one portable loop
-    /// (sixteen independent lanes the compiler vectorizes).
+    /// [`Path::Sgemm`]: llamafile's tinyBLAS order ([`sgemm_dot`]; AVX2 holds the sixteen
+    /// lanes in two registers, four activation rows per weight row; the same bits as the
+    /// portable loop, which without FMA compiled in calls libm's `fmaf` per product).
     fn path_rows(
         isa: Isa,
         path: Path,
@@ -83,8 +84,27 @@ impl Quant for F32Weights {
         if path != Path::Sgemm {
             return Self::vec_dot_rows(isa, w, a, rows, out);
         }
-        for (o, j) in out.iter_mut().zip(rows) {
+        let k = a.k();
+        assert!(w.len() >= 4 * k && k.is_multiple_of(16));
+        let (mut o, mut j) = (0, rows.start);
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            while j + 4 <= rows.end {
+                let ys = [a.row(j), a.row(j + 1), a.row(j + 2), a.row(j + 3)];
+                // SAFETY: `has_avx2` means AVX2 and FMA were detected; the loads stay
+                // within the rows (`k` values each, checked above).
+                out[o..o + 4].copy_from_slice(&unsafe { x86::sgemm_avx2(w, ys) });
+                (o, j) = (o + 4, j + 4);
+            }
+        }
+        for (o, j) in out[o..].iter_mut().zip(j..rows.end) {
             let y = a.row(j);
+            #[cfg(target_arch = "x86_64")]
+            if isa.has_avx2() {
+                // SAFETY: as above.
+                *o = unsafe { x86::sgemm_avx2(w, [y]) }[0];
+                continue;
+            }
             *o = sgemm_dot(y.len(), |i| value(w, i), |i| y[i]);
         }
     }
@@ -92,9 +112,28 @@ impl Quant for F32Weights {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::lanes::x86::{f32x16_reduce, f32x16_reduce_512};
+    use crate::lanes::x86::{f32x16_reduce, f32x16_reduce_512, reduce_add_16};
     use crate::lanes::{F32X16_ARR, F32X16_STEP};
     use std::arch::x86_64::*;
+
+    /// tinyBLAS's sixteen lanes as two `__m256`, then `_mm512_reduce_add_ps`'s order, for
+    /// `R` activation rows of the same length (a multiple of 16) against one weight row.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn sgemm_avx2<const R: usize>(w: &[u8], a: [&[f32]; R]) -> [f32; R] {
+        let x = w.as_ptr() as *const f32;
+        let n = a.first().map_or(0, |y| y.len());
+        let ys = a.map(|y| y.as_ptr());
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        for l in (0..n).step_by(16) {
+            let (wl, wh) = (_mm256_loadu_ps(x.add(l)), _mm256_loadu_ps(x.add(l + 8)));
+            for r in 0..R {
+                lo[r] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(ys[r].add(l)), lo[r]);
+                hi[r] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(ys[r].add(l + 8)), hi[r]);
+            }
+        }
+        std::array::from_fn(|r| reduce_add_16(lo[r], hi[r]))
+    }
 
     /// The main loop with each sixteen-lane accumulator as two `__m256`.
     #[target_feature(enable = "avx2,fma")]
@@ -131,6 +170,41 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use crate::{Activations, Isa, Path, Quant};
+
+    /// The AVX2 tinyBLAS path gives the portable loop's bits, for 1 to 9 activation
+    /// rows (the four-row groups and the rows left over).
+    #[test]
+    fn sgemm_path_is_the_same_on_every_isa() {
+        use crate::testing::{quantize, random};
+        let (n, k) = (3, 96);
+        let (w, _) = quantize(
+            &random(n * k, 1),
+            n,
+            k,
+            candle_core::quantized::GgmlDType::F32,
+        );
+        for r in 1..=9 {
+            let a = Activations::<crate::act::F32>::quantize(&random(r * k, 2), r, k).expect("a");
+            for wr in w.chunks_exact(4 * k) {
+                let mut want = vec![0f32; r];
+                super::F32Weights::path_rows(Isa::Portable, Path::Sgemm, wr, &a, 0..r, &mut want);
+                for isa in Isa::available() {
+                    let mut got = vec![0f32; r];
+                    super::F32Weights::path_rows(isa, Path::Sgemm, wr, &a, 0..r, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{} rows, {}", r, isa.name());
+                }
+                let v = super::F32Weights::vec_dot(Isa::Portable, wr, a.row(0));
+                assert!(
+                    (v - want[0]).abs() <= 1e-4 * v.abs().max(1.0),
+                    "{v} vs {}",
+                    want[0]
+                );
+            }
+        }
+    }
+
     #[test]
     fn kernels_agree_and_match_dequantized_dot() {
         crate::testing::check_type::<super::F32Weights>(candle_core::quantized::GgmlDType::F32);
