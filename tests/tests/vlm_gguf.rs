@@ -126,7 +126,8 @@ fn a_wrong_mmproj_is_refused_at_start() {
     .expect("refused");
     let text = format!("{e:#}");
     assert!(
-        text.contains("(model.mmproj)") && text.contains("carries its own vision tower"),
+        text.contains("configuration error: model.mmproj: a vision projector file goes with a GGUF text model")
+            && text.contains("a Hugging Face directory with its own vision tower"),
         "{text}"
     );
     let text_model = dir("gemma3").join("model.gguf");

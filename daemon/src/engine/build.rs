@@ -431,7 +431,8 @@ fn open_prefix_store(
         device: if device.is_cpu() { "cpu" } else { "cuda" },
         weights_policy: format!("{:?} {:?}", settings.model.kernels, settings.model.quantize),
     };
-    let fingerprint = ModelFingerprint::compute(&settings.model.path, &parts)
+    let mmproj = Some(settings.model.mmproj.as_path()).filter(|m| !m.as_os_str().is_empty());
+    let fingerprint = ModelFingerprint::compute(&settings.model.path, mmproj, &parts)
         .with_context(|| format!("fingerprint of {}", settings.model.path.display()))?;
     if !settings.prefix_store.enabled {
         tracing::info!("prefix cache: memory tier only (prefix_store.enabled = false)");

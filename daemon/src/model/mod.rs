@@ -104,6 +104,9 @@ pub enum ModelError {
     /// An error from candle while building the weights.
     #[error("candle: {}", candle_error_message(.0))]
     Candle(#[from] candle_core::Error),
+    /// Settings that do not fit the model (naming the key).
+    #[error("configuration error: {0}")]
+    Config(String),
 }
 
 /// The message of a candle error without the backtrace candle attaches when
@@ -231,22 +234,23 @@ pub struct LoadedVision {
 /// ([`vision::mmproj`]), on `device`.
 ///
 /// # Errors
-/// The model is not a GGUF file or has a tower already; the mmproj file's errors; a
-/// projector whose output width is not the text model's hidden size.
+/// [`ModelError::Config`] when the model is not a GGUF file (a Hugging Face directory);
+/// the mmproj file's errors; a projector whose output width is not the text model's
+/// hidden size.
 pub fn attach_mmproj(
     loaded: &mut LoadedModel,
     path: &Path,
     device: &Device,
 ) -> Result<(), ModelError> {
     if loaded.format != ModelFormat::Gguf || loaded.vision.is_some() {
-        return Err(ModelError::Metadata {
-            key: "model.mmproj".into(),
-            message: format!(
-                "a vision projector GGUF goes with a GGUF text model; {} carries its own \
-                 vision tower",
-                loaded.path.display()
-            ),
-        });
+        return Err(ModelError::Config(format!(
+            "model.mmproj: a vision projector file goes with a GGUF text model, and {} is {}",
+            loaded.path.display(),
+            match loaded.vision {
+                Some(_) => "a Hugging Face directory with its own vision tower",
+                None => "a Hugging Face directory (a vision-language checkpoint carries its tower)",
+            }
+        )));
     }
     let tokens: Vec<String> = match loaded.metadata.get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => a

@@ -113,18 +113,29 @@ impl ModelFingerprint {
     /// 64 KiB windows (about 6 MiB read, whatever the model's size; a changed GGUF
     /// header, tensor index or any sampled weight changes it).
     ///
+    /// `mmproj`, a vision projector file loaded beside a GGUF model (`model.mmproj`),
+    /// joins the identity the same way: image blocks' K/V come from its tower. A Hugging
+    /// Face directory's `preprocessor_config.json` counts too (an image's hash is of its
+    /// decoded pixels, the processor's output is not).
+    ///
     /// # Errors
-    /// The file cannot be read.
-    pub fn compute(weights: &Path, parts: &FingerprintParts<'_>) -> std::io::Result<Self> {
+    /// A file cannot be read.
+    pub fn compute(
+        weights: &Path,
+        mmproj: Option<&Path>,
+        parts: &FingerprintParts<'_>,
+    ) -> std::io::Result<Self> {
         let mut h = Sha256::new();
         h.update(b"inferd-model-fingerprint\0");
         if weights.is_dir() {
-            // A Hugging Face directory: its config and every safetensors file, by name.
+            // A Hugging Face directory: its config, image processor and every safetensors
+            // file, by name.
             let mut files: Vec<_> = std::fs::read_dir(weights)?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
                     p.extension().is_some_and(|x| x == "safetensors")
-                        || p.file_name().is_some_and(|n| n == "config.json")
+                        || p.file_name()
+                            .is_some_and(|n| n == "config.json" || n == "preprocessor_config.json")
                 })
                 .collect();
             files.sort();
@@ -138,6 +149,10 @@ impl ModelFingerprint {
             }
         } else {
             hash_file(&mut h, weights)?;
+        }
+        if let Some(m) = mmproj {
+            h.update(b"mmproj\0");
+            hash_file(&mut h, m)?;
         }
         Ok(Self::from_parts(h.finalize().into(), parts))
     }
@@ -392,10 +407,20 @@ mod tests {
         let p = dir.path().join("w.bin");
         let mut data = vec![7u8; 5 << 20];
         std::fs::write(&p, &data).expect("write");
-        let a = ModelFingerprint::compute(&p, &base).expect("fp");
-        assert_eq!(a, ModelFingerprint::compute(&p, &base).expect("fp"));
+        let a = ModelFingerprint::compute(&p, None, &base).expect("fp");
+        assert_eq!(a, ModelFingerprint::compute(&p, None, &base).expect("fp"));
+        // A vision projector beside the model, and a changed one, each change it.
+        let m = dir.path().join("mmproj.gguf");
+        std::fs::write(&m, [1u8; 4096]).expect("write");
+        let with = ModelFingerprint::compute(&p, Some(&m), &base).expect("fp");
+        assert_ne!(a, with);
+        std::fs::write(&m, [2u8; 4096]).expect("write");
+        assert_ne!(
+            with,
+            ModelFingerprint::compute(&p, Some(&m), &base).expect("fp")
+        );
         data[100] = 8; // inside the first MiB
         std::fs::write(&p, &data).expect("write");
-        assert_ne!(a, ModelFingerprint::compute(&p, &base).expect("fp"));
+        assert_ne!(a, ModelFingerprint::compute(&p, None, &base).expect("fp"));
     }
 }

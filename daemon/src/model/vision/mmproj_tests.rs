@@ -24,9 +24,10 @@ fn path(family: &str) -> PathBuf {
         .join("mmproj.gguf")
 }
 
-/// The tiny fixtures' vocabulary as far as the image tokens go.
+/// The tiny fixtures' vocabulary as far as the image tokens go (SmolVLM's tiles: 64 px
+/// longest edge, 32 px tiles).
 fn vocab() -> Vec<String> {
-    [
+    let mut v: Vec<String> = [
         "<image_soft_token>",
         "<start_of_image>",
         "<end_of_image>",
@@ -34,9 +35,17 @@ fn vocab() -> Vec<String> {
         "<|image_pad|>",
         "<|vision_start|>",
         "<|vision_end|>",
+        "<fake_token_around_image>",
+        "<global-img>",
     ]
     .map(String::from)
-    .to_vec()
+    .to_vec();
+    for r in 1..=2 {
+        for c in 1..=2 {
+            v.push(format!("<row_{r}_col_{c}>"));
+        }
+    }
+    v
 }
 
 fn mmproj(family: &str) -> Mmproj {
@@ -115,6 +124,16 @@ fn wrong_files_and_missing_tokens_are_named() {
     assert!(
         matches!(&e, ModelError::Metadata { key, message } if key == "clip.projector_type"
             && message == "\"gemma3\" needs the token \"<image_soft_token>\" in the text model's vocabulary"),
+        "{e}"
+    );
+    let e = read(&path("smolvlm"), 64, &vocab()[..8]).expect_err("no <global-img>");
+    assert!(
+        e.to_string().contains("needs the token \"<global-img>\""),
+        "{e}"
+    );
+    let e = read(&path("smolvlm"), 64, &vocab()[..12]).expect_err("no <row_2_col_2>");
+    assert!(
+        e.to_string().contains("needs the token \"<row_2_col_2>\""),
         "{e}"
     );
     let png = path("gemma3").with_file_name("grad_32x32.png");

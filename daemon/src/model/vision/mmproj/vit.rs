@@ -85,6 +85,17 @@ pub(super) fn read(
                 "clip.vision.preproc_image_size",
                 Some(image_size as u32 * 4),
             )?;
+            // The prompt's tile texts must be tokens of the vocabulary (llama.cpp refuses
+            // the request otherwise): the wrappers, and a row/column token for every tile
+            // of the largest image (`preproc_image_size` / `image_size` per side).
+            id_of("<fake_token_around_image>")?;
+            id_of("<global-img>")?;
+            let tiles = (longest as usize).div_ceil(image_size.max(1));
+            for r in 1..=tiles {
+                for c in 1..=tiles {
+                    id_of(&format!("<row_{r}_col_{c}>"))?;
+                }
+            }
             names.push((
                 "mm.model.fc.weight".into(),
                 "model.connector.modality_projection.proj.weight".into(),
