@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::media::DecodedImage;
-use super::preprocess::rgb::rgba_over_white;
+use super::preprocess::rgb::{rgba_over_white, rgba_without_alpha};
 use super::preprocess::{ImageProcessor, PixelValues};
 use crate::error::InferError;
 use crate::model::source::hf_vlm::VlmFamily;
@@ -211,7 +211,11 @@ impl VisionPrompt {
 
     /// One decoded image through the processor.
     pub fn process(&self, img: &DecodedImage) -> ProcessedImage {
-        let rgb = rgba_over_white(img.width as usize, img.height as usize, &img.rgba);
+        let (w, h) = (img.width as usize, img.height as usize);
+        let rgb = match self.mtmd {
+            None => rgba_over_white(w, h, &img.rgba),
+            Some(_) => rgba_without_alpha(w, h, &img.rgba),
+        };
         let n = self.tokens_per_frame;
         let tok = &self.image_token.1;
         let frames = |f: &[PixelValues]| -> (Vec<f32>, PixelLayout) {

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use super::idefics3::Idefics3Processor;
 use super::processors::{ClipProcessor, Gemma3Processor, QwenVlProcessor, Rescale};
 use super::resample::Filter;
+use crate::model::vision::mmproj::{MTMD_SIZING, PAD_COLOR};
 
 /// A model's image processor.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,6 +164,7 @@ impl ImageProcessor {
                     size: h,
                     filter: filter(&o, Filter::Bilinear)?,
                     rescale: rescale(&o, Rescale::HALF)?,
+                    pad: pad_color(&o)?,
                 }))
             }
             Some("CLIPImageProcessor") => {
@@ -184,6 +186,7 @@ impl ImageProcessor {
                     crop: ch,
                     filter: filter(&o, Filter::Bicubic)?,
                     rescale: rescale(&o, Rescale::CLIP)?,
+                    pad: pad_color(&o)?,
                 }))
             }
             Some("Qwen2VLImageProcessor") => {
@@ -210,6 +213,7 @@ impl ImageProcessor {
                     max_pixels,
                     filter: filter(&o, Filter::Bicubic)?,
                     rescale: rescale(&o, Rescale::CLIP)?,
+                    mtmd: o.get(MTMD_SIZING) == Some(&Value::Bool(true)),
                 }))
             }
             Some("Idefics3ImageProcessor" | "SmolVLMImageProcessor") => {
@@ -234,6 +238,15 @@ impl ImageProcessor {
                 o.get("image_processor_type"),
             )),
         }
+    }
+}
+
+fn pad_color(o: &Map<String, Value>) -> Result<Option<[u8; 3]>> {
+    match o.get(PAD_COLOR) {
+        None => Ok(None),
+        Some(v) => serde_json::from_value::<[u8; 3]>(v.clone())
+            .map(Some)
+            .map_err(|_| bad(PAD_COLOR, "three bytes", Some(v))),
     }
 }
 

@@ -23,9 +23,12 @@ mod processors;
 
 pub use config::ImageProcessor;
 pub use processors::{
-    normalize, smart_resize, ClipProcessor, Gemma3Processor, PixelValues, QwenVlProcessor, Rescale,
+    letterbox, mtmd_size, normalize, smart_resize, ClipProcessor, Gemma3Processor, PixelValues,
+    QwenVlProcessor, Rescale,
 };
 pub use resample::{Filter, Image8};
 
+#[cfg(test)]
+mod mtmd_tests;
 #[cfg(test)]
 mod tests;

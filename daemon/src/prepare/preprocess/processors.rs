@@ -66,15 +66,48 @@ pub struct Gemma3Processor {
     pub filter: Filter,
     /// Rescale and normalize.
     pub rescale: Rescale,
+    /// `None`: stretched to the square (transformers); a colour: [`letterbox`]ed in it
+    /// (llama.cpp's fixed-size preprocessing, black for Gemma 3).
+    pub pad: Option<[u8; 3]>,
 }
 
 impl Gemma3Processor {
     /// `pixel_values` `[3, size, size]`.
     pub fn process(&self, rgb: &Image8) -> PixelValues {
-        normalize(
-            &rgb.resize(self.size, self.size, self.filter),
-            &self.rescale,
-        )
+        let img = match self.pad {
+            None => rgb.resize(self.size, self.size, self.filter),
+            Some(color) => letterbox(rgb, self.size, self.size, self.filter, color),
+        };
+        normalize(&img, &self.rescale)
+    }
+}
+
+/// llama.cpp's `img_tool::resize` with `PAD_CEIL` (`tools/mtmd/mtmd-image.cpp`): the
+/// image scaled by `min(tw / w, th / h)` (f32), its size rounded up and clamped to the
+/// target, resized (Pillow's resampling, which llama.cpp ports), and drawn on a
+/// `tw × th` canvas of `color` at `((tw − nw) / 2, (th − nh) / 2)`; an image already of
+/// the target size is copied. `img` has 3 channels.
+pub fn letterbox(img: &Image8, tw: usize, th: usize, filter: Filter, color: [u8; 3]) -> Image8 {
+    if (img.width, img.height) == (tw, th) {
+        return img.clone();
+    }
+    let scale = (tw as f32 / img.width as f32).min(th as f32 / img.height as f32);
+    let nw = ((img.width as f32 * scale).ceil() as usize).clamp(1, tw);
+    let nh = ((img.height as f32 * scale).ceil() as usize).clamp(1, th);
+    let inner = img.resize(nw, nh, filter);
+    let c = img.channels;
+    let mut data: Vec<u8> = (0..tw * th).flat_map(|_| color).collect();
+    let (ox, oy) = ((tw - nw) / 2, (th - nh) / 2);
+    for y in 0..nh {
+        let src = &inner.data[y * nw * c..(y + 1) * nw * c];
+        let at = ((oy + y) * tw + ox) * c;
+        data[at..at + nw * c].copy_from_slice(src);
+    }
+    Image8 {
+        width: tw,
+        height: th,
+        channels: c,
+        data,
     }
 }
 
@@ -92,6 +125,9 @@ pub struct ClipProcessor {
     pub filter: Filter,
     /// Rescale and normalize.
     pub rescale: Rescale,
+    /// `None`: shortest edge then centre crop (transformers); a colour: [`letterbox`]ed
+    /// in `crop × crop` (llama.cpp's LLaVA-1.5 preprocessing, pad colour 122, 116, 104).
+    pub pad: Option<[u8; 3]>,
 }
 
 impl ClipProcessor {
@@ -114,6 +150,10 @@ impl ClipProcessor {
 
     /// `pixel_values` `[3, crop, crop]`.
     pub fn process(&self, rgb: &Image8) -> PixelValues {
+        if let Some(color) = self.pad {
+            let img = letterbox(rgb, self.crop, self.crop, self.filter, color);
+            return normalize(&img, &self.rescale);
+        }
         let (w, h) = self.resized(rgb.width, rgb.height);
         let resized = rgb.resize(w, h, self.filter);
         normalize(&center_crop(&resized, self.crop, self.crop), &self.rescale)
@@ -167,6 +207,34 @@ pub fn smart_resize(
     (h_bar, w_bar)
 }
 
+/// llama.cpp's `calc_size_preserved_ratio` without a longest edge
+/// (`tools/mtmd/mtmd-image.cpp`), its Qwen-VL sizing: as [`smart_resize`] but in f32,
+/// rounding halves away from zero (`std::round`) and never below one `factor`.
+/// Returns `(height, width)`.
+pub fn mtmd_size(
+    height: usize,
+    width: usize,
+    factor: usize,
+    min_pixels: usize,
+    max_pixels: usize,
+) -> (usize, usize) {
+    let f = factor as f32;
+    let (h, w) = (height as f32, width as f32);
+    let by = |x: f32, op: fn(f32) -> f32| op(x / f) as usize * factor;
+    let mut w_bar = factor.max(by(w, f32::round));
+    let mut h_bar = factor.max(by(h, f32::round));
+    if h_bar * w_bar > max_pixels {
+        let beta = (h * w / max_pixels as f32).sqrt();
+        h_bar = factor.max(by(h / beta, f32::floor));
+        w_bar = factor.max(by(w / beta, f32::floor));
+    } else if h_bar * w_bar < min_pixels {
+        let beta = (min_pixels as f32 / (h * w)).sqrt();
+        h_bar = by(h * beta, f32::ceil);
+        w_bar = by(w * beta, f32::ceil);
+    }
+    (h_bar, w_bar)
+}
+
 /// `Qwen2VLImageProcessor` for one image.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QwenVlProcessor {
@@ -184,6 +252,9 @@ pub struct QwenVlProcessor {
     pub filter: Filter,
     /// Rescale and normalize (CLIP's mean and std).
     pub rescale: Rescale,
+    /// llama.cpp's sizing ([`mtmd_size`]) and a black [`letterbox`] into it, instead of
+    /// transformers' [`smart_resize`] and a stretch.
+    pub mtmd: bool,
 }
 
 impl QwenVlProcessor {
@@ -194,14 +265,22 @@ impl QwenVlProcessor {
     /// processor's `transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)`.
     pub fn process(&self, rgb: &Image8) -> (PixelValues, [usize; 3]) {
         let factor = self.patch_size * self.merge_size;
-        let (h, w) = smart_resize(
+        let size = match self.mtmd {
+            false => smart_resize,
+            true => mtmd_size,
+        };
+        let (h, w) = size(
             rgb.height,
             rgb.width,
             factor,
             self.min_pixels,
             self.max_pixels,
         );
-        let pv = normalize(&rgb.resize(w, h, self.filter), &self.rescale);
+        let img = match self.mtmd {
+            false => rgb.resize(w, h, self.filter),
+            true => letterbox(rgb, w, h, self.filter, [0, 0, 0]),
+        };
+        let pv = normalize(&img, &self.rescale);
         let (p, m, t) = (self.patch_size, self.merge_size, self.temporal_patch_size);
         let (gh, gw) = (h / p, w / p);
         let row = 3 * t * p * p;

@@ -41,6 +41,21 @@ pub fn rgba_over_white(width: usize, height: usize, rgba: &[u8]) -> Image8 {
     }
 }
 
+/// RGBA bytes with the alpha dropped, as llama.cpp reads an image (stb_image asked for
+/// three channels keeps a transparent pixel's colour).
+pub fn rgba_without_alpha(width: usize, height: usize, rgba: &[u8]) -> Image8 {
+    let data = rgba
+        .chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect();
+    Image8 {
+        width,
+        height,
+        channels: 3,
+        data,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

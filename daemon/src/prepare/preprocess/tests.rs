@@ -111,6 +111,7 @@ fn gemma3_pixel_values_equal_transformers() {
             size,
             filter: filter(case),
             rescale: Rescale::HALF,
+            pad: None,
         };
         let got = p.process(&rgb(name));
         assert_same(
@@ -133,6 +134,7 @@ fn llava_clip_pixel_values_equal_transformers() {
             crop: k["crop_size"]["height"].as_u64().expect("crop") as usize,
             filter: filter(case),
             rescale: Rescale::CLIP,
+            pad: None,
         };
         let img = rgb(name);
         let resized = dims(&case["resized_hw"]);
@@ -178,6 +180,7 @@ fn qwen_vl_patches_and_grid_equal_transformers() {
             max_pixels: n("max_pixels"),
             filter: filter(case),
             rescale: Rescale::CLIP,
+            mtmd: false,
         };
         let (got, grid) = p.process(&rgb(name));
         assert_eq!(grid.to_vec(), dims(&case["image_grid_thw"][0]), "{name}");

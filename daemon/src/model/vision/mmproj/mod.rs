@@ -105,6 +105,14 @@ impl Keys<'_> {
     }
 }
 
+/// A key of the image processor settings made here (never in a Hugging Face file):
+/// letterbox the image in a canvas of this colour, as llama.cpp's `img_tool::resize`
+/// pads (`PAD_CEIL`).
+pub const PAD_COLOR: &str = "inferd_pad_color";
+/// A key of the image processor settings made here: size a Qwen-VL image as llama.cpp's
+/// `calc_size_preserved_ratio` does, and letterbox it in black.
+pub const MTMD_SIZING: &str = "inferd_mtmd_sizing";
+
 /// The projector types read here (`clip.projector_type`).
 pub(super) const SUPPORTED: &str = "gemma3, idefics3, mlp, qwen2.5vl_merger";
 

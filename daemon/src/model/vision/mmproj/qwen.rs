@@ -76,6 +76,7 @@ pub(super) fn read(
         "min_pixels": 8 * unit * unit,
         "max_pixels": 4096 * unit * unit,
         "resample": 3,
+        super::MTMD_SIZING: true,
         "image_mean": mean, "image_std": std,
     }));
     let mut tensors = HashMap::new();

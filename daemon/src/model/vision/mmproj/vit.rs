@@ -75,6 +75,8 @@ pub(super) fn read(
                 "size": {"height": image_size, "width": image_size},
                 "resample": 2,
                 "do_pan_and_scan": false,
+                // clip.cpp's fixed-size preprocessing letterboxes (PAD_CEIL, black).
+                super::PAD_COLOR: [0, 0, 0],
                 "image_mean": mean, "image_std": std,
             });
             (config, pp, "vision_tower.vision_model.")
@@ -179,6 +181,8 @@ pub(super) fn read(
                 "size": {"shortest_edge": image_size},
                 "crop_size": {"height": image_size, "width": image_size},
                 "do_center_crop": true,
+                // clip.cpp pads LLaVA's image to the square (`image_pad_color`).
+                super::PAD_COLOR: [122, 116, 104],
                 "resample": 3,
                 "image_mean": mean, "image_std": std,
             });
