@@ -130,6 +130,15 @@ fn a_wrong_mmproj_is_refused_at_start() {
             && text.contains("a Hugging Face directory with its own vision tower"),
         "{text}"
     );
+    // The mmproj given as the model.
+    let e = Daemon::start_model(&mmproj, None, &[])
+        .err()
+        .expect("refused");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("is a vision projector (mmproj, general.architecture \"clip\"): give it as model.mmproj (--mmproj)"),
+        "{text}"
+    );
     let text_model = dir("gemma3").join("model.gguf");
     let e = Daemon::start_model(
         &dir("gemma3").join("model.gguf"),

@@ -126,6 +126,12 @@ impl GgufSource {
                 })
             }
         };
+        if name == "clip" {
+            return Err(ModelError::Config(format!(
+                "model.path: {display} is a vision projector (mmproj, general.architecture \
+                 \"clip\"): give it as model.mmproj (--mmproj) beside a GGUF text model"
+            )));
+        }
         let arch =
             Architecture::from_gguf(&name).ok_or_else(|| ModelError::UnsupportedArchitecture {
                 key: "general.architecture".into(),
