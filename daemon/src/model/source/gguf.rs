@@ -81,6 +81,42 @@ fn meta_f32(md: &Md, key: &str) -> Result<Option<f32>, ModelError> {
     }
 }
 
+/// Opens the GGUF file at `path` and reads its header (metadata and tensor index),
+/// leaving the reader for tensor data; `format` names the kind of file in errors.
+///
+/// # Errors
+/// [`ModelError::Io`] when unreadable, [`ModelError::UnsupportedTensorType`] naming the
+/// first tensor of a type inferd lacks, else [`ModelError::Corrupt`].
+pub fn read_header(
+    path: &Path,
+    format: &'static str,
+) -> Result<(Content, BufReader<File>), ModelError> {
+    let display = path.display().to_string();
+    let file = File::open(path).map_err(|error| ModelError::Io {
+        path: display.clone(),
+        error,
+    })?;
+    let mut reader = BufReader::new(file);
+    match Content::read(&mut reader) {
+        Ok(c) => Ok((c, reader)),
+        Err(e) => {
+            // candle stops at a type id it does not know without naming the tensor.
+            if let Some((tensor, ty)) = super::gguf_types::first_unsupported(&mut reader) {
+                return Err(ModelError::UnsupportedTensorType {
+                    tensor: super::bounded(&tensor),
+                    ty,
+                    supported: inferd_kernels::GgmlType::SUPPORTED_NAMES,
+                });
+            }
+            Err(ModelError::Corrupt {
+                path: display,
+                format,
+                message: quote(&candle_error_message(&e)),
+            })
+        }
+    }
+}
+
 impl GgufSource {
     /// Opens `path` and reads its header.
     ///
@@ -88,29 +124,7 @@ impl GgufSource {
     /// Unreadable, not GGUF, no or an unknown `general.architecture`.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
         let display = path.display().to_string();
-        let file = File::open(path).map_err(|error| ModelError::Io {
-            path: display.clone(),
-            error,
-        })?;
-        let mut reader = BufReader::new(file);
-        let content = match Content::read(&mut reader) {
-            Ok(c) => c,
-            Err(e) => {
-                // candle stops at a type id it does not know without naming the tensor.
-                if let Some((tensor, ty)) = super::gguf_types::first_unsupported(&mut reader) {
-                    return Err(ModelError::UnsupportedTensorType {
-                        tensor: super::bounded(&tensor),
-                        ty,
-                        supported: inferd_kernels::GgmlType::SUPPORTED_NAMES,
-                    });
-                }
-                return Err(ModelError::Corrupt {
-                    path: display.clone(),
-                    format: "GGUF file",
-                    message: quote(&candle_error_message(&e)),
-                });
-            }
-        };
+        let (content, reader) = read_header(path, "GGUF file")?;
         let name = match content.metadata.get("general.architecture") {
             Some(Value::String(s)) => s.clone(),
             Some(v) => {

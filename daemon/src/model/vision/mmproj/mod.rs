@@ -124,17 +124,7 @@ pub(super) const SUPPORTED: &str = "gemma3, idefics3, mlp, qwen2.5vl_merger";
 /// an unsupported `clip.projector_type`, a missing or bad key (named), a missing tensor,
 /// an image token missing from the vocabulary.
 pub fn read(path: &Path, text_hidden: usize, tokens: &[String]) -> Result<Mmproj, ModelError> {
-    let display = path.display().to_string();
-    let file = File::open(path).map_err(|error| ModelError::Io {
-        path: display.clone(),
-        error,
-    })?;
-    let mut reader = BufReader::new(file);
-    let content = Content::read(&mut reader).map_err(|e| ModelError::Corrupt {
-        path: display.clone(),
-        format: "mmproj GGUF file",
-        message: quote(&candle_error_message(&e)),
-    })?;
+    let (content, mut reader) = crate::model::source::gguf::read_header(path, "mmproj GGUF file")?;
     let k = Keys(&content.metadata);
     let arch = k.str("general.architecture")?;
     if arch != "clip" {
