@@ -11,10 +11,19 @@
 # call deadline than the default, docs/plugins.md), so no daemon loads them unless
 # pointed at them.
 #
-# Usage: scripts/build-plugins.sh [--no-python-js]   (from any directory)
-#        --no-python-js  only the Rust and C plugins (what scripts/run.sh serves); the
+# Usage: scripts/build-plugins.sh [--all | --no-python-js | --served]   (from any directory)
+#        --all           (the default) every plugin, installing every tool that is missing:
+#                        what scripts/test.sh runs, so no plugin is ever skipped there
+#        --no-python-js  only the Rust and C plugins, installing the C plugin's tools; the
 #                        Python and JavaScript ones need componentize-py (PyPI) and
 #                        ComponentizeJS (npm), installed under target/plugin-tools/
+#        --served        what scripts/run.sh serves, quickly on a fresh machine: the bundled
+#                        Rust plugins (cargo alone), and the C plugin only when its tools
+#                        (clang, wasm-ld, wasi-libc, wit-bindgen, wasm-tools) are already
+#                        installed; otherwise it says so in one line and skips it, because
+#                        `cargo install`ing wit-bindgen-cli and wasm-tools takes about 10
+#                        minutes on 2 cores. The import checks of step 4 need wasm-tools:
+#                        without it the daemon's own check at load time is the only one.
 # Env:   PLUGINS_OUT    output directory (default: <repo>/target/plugins)
 #        TEST_PLUGINS_OUT
 #                       output directory of the test-only plugins, those whose Cargo.toml
@@ -44,11 +53,16 @@
 set -euo pipefail
 
 with_lang=1
+served=0 # 1: --served (bundled Rust plugins; C only when its tools are there)
 case "${1:-}" in
-"") ;;
+"" | --all) ;;
 --no-python-js) with_lang=0 ;;
+--served)
+    with_lang=0
+    served=1
+    ;;
 *)
-    echo "usage: $0 [--no-python-js]" >&2
+    echo "usage: $0 [--all | --no-python-js | --served]" >&2
     exit 2
     ;;
 esac
@@ -82,19 +96,33 @@ apt_missing=()
 command -v clang >/dev/null || apt_missing+=(clang)
 command -v wasm-ld >/dev/null || apt_missing+=(lld)
 [[ -f $WASI_SYSROOT/lib/wasm32-wasi/libc.a ]] || apt_missing+=(wasi-libc)
+with_c=1
+if ((served)); then
+    c_missing=("${apt_missing[@]}")
+    command -v wit-bindgen >/dev/null || c_missing+=(wit-bindgen-cli)
+    command -v wasm-tools >/dev/null || c_missing+=(wasm-tools)
+    if ((${#c_missing[@]})); then
+        with_c=0
+        note "skipping the C plugin min_tokens: ${c_missing[*]} not installed" \
+            "(scripts/build-plugins.sh --no-python-js installs them and builds it; about 10 min on 2 cores)"
+    fi
+    apt_missing=()
+fi
 if ((${#apt_missing[@]})); then
     note "installing ${apt_missing[*]} (apt)"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}"
 fi
 
-if ! command -v wit-bindgen >/dev/null; then
+if ((!with_c)); then
+    :
+elif ! command -v wit-bindgen >/dev/null; then
     note "installing wit-bindgen-cli $WIT_BINDGEN_VERSION"
     cargo install --locked "wit-bindgen-cli@$WIT_BINDGEN_VERSION"
 elif ! wit-bindgen --version | grep -q " $WIT_BINDGEN_VERSION\$"; then
     note "warning: $(wit-bindgen --version) found, the C plugin is tested with $WIT_BINDGEN_VERSION"
 fi
-if ! command -v wasm-tools >/dev/null; then
+if ((with_c)) && ! command -v wasm-tools >/dev/null; then
     note "installing wasm-tools $WASM_TOOLS_VERSION"
     cargo install --locked "wasm-tools@$WASM_TOOLS_VERSION"
 fi
@@ -134,8 +162,14 @@ for manifest in "$ROOT"/plugins/*/Cargo.toml; do
     fi
 done
 ((${#rust_plugins[@]})) || die "no Rust plugin crates found under $ROOT/plugins"
+packages=()
+if ((served)); then
+    # Only the bundled ones (the test fixtures are the test command's).
+    for name in "${rust_plugins[@]}"; do packages+=(-p "$name"); done
+    test_plugins=()
+fi
 cargo build --release --target "$TARGET" \
-    --manifest-path "$ROOT/plugins/Cargo.toml" --target-dir "$BUILD"
+    --manifest-path "$ROOT/plugins/Cargo.toml" --target-dir "$BUILD" "${packages[@]}"
 for name in "${rust_plugins[@]}"; do
     publish "$BUILD/$TARGET/release/$name.wasm" "$name"
 done
@@ -163,7 +197,9 @@ c_fresh=1
 for input in "${c_inputs[@]}"; do
     [[ -f $C_OUT && $C_OUT -nt $input ]] || c_fresh=0
 done
-if ((!c_fresh)); then
+if ((!with_c)); then
+    :
+elif ((!c_fresh)); then
     [[ -f $WASI_SYSROOT/include/wasm32-wasi/stdlib.h ]] ||
         die "wasi-libc headers not found under $WASI_SYSROOT/include/wasm32-wasi"
     rm -rf "$C_BUILD"
@@ -194,7 +230,7 @@ if ((!c_fresh)); then
     wasm-tools component new "$C_BUILD/core.wasm" -o "$C_OUT.tmp"
     mv "$C_OUT.tmp" "$C_OUT"
 fi
-publish "$C_OUT" min_tokens
+((with_c)) && publish "$C_OUT" min_tokens
 
 # ---------------------------------------------------------------------------------------
 # 3b. Python and JavaScript plugins (componentize-py, ComponentizeJS): WASI importers,
@@ -220,6 +256,10 @@ fi
 # 4. Check every component: valid, imports only inferd:plugin/* (and the allowed WASI
 #    for those marked `wasi = true`), exports one plugin world
 # ---------------------------------------------------------------------------------------
+if ! command -v wasm-tools >/dev/null; then
+    note "${#built[@]} plugins in $OUT; imports not checked here (no wasm-tools): the daemon checks them when it loads them"
+    exit 0
+fi
 for f in "${built[@]}"; do
     wasm-tools validate "$f" || die "$f: not a valid WebAssembly component"
     world=$(wasm-tools component wit "$f" | sed -n '/^world root {/,/^}/p')

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: fetches the model, builds the bundled Wasm plugins (installing their
 # toolchains when missing), checks formatting, builds the binaries the end-to-end tests
-# start, runs unit and end-to-end tests over the whole workspace, then clippy with
-# warnings as errors (the daemon's workspace and the plugins' own). Ends with one
-# summary line "N passed, N failed".
+# start and a Debian package of them (cargo-deb), runs unit and end-to-end tests over
+# the whole workspace, then clippy with warnings as errors (the daemon's workspace and
+# the plugins' own). Ends with one summary line "N passed, N failed".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -51,7 +51,9 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver; else
         sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver; fi
 fi
-scripts/build-plugins.sh
+# Every plugin: Rust, C, Python, JavaScript, and the test fixtures (installing the tools
+# of each; none is skipped here).
+scripts/build-plugins.sh --all
 # tests/tests/deploy_manifests.rs validates the HTTPRoute with the npm package
 # @kubernetes-models/gateway-api under node (tests/node/validate_httproute.mjs; node and
 # npm are there since build-plugins.sh): the versions pinned in tests/node/package.json
@@ -66,6 +68,9 @@ cargo fmt --all -- --check
 cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
 cargo fmt --manifest-path tests/dynamo-router/Cargo.toml -- --check
 cargo build --workspace --bins
+# tests/tests/deb_package.rs checks the Debian package (docs/install.md), made of the
+# binaries just built (target/debian-dev/; a release package would add a release build).
+scripts/package-deb.sh --profile dev
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
