@@ -87,6 +87,29 @@ pub fn inferd_binary() -> PathBuf {
     bin
 }
 
+/// Runs `systemd-analyze verify` on the unit text `unit` (written to a temporary
+/// `inferd.service`; its `ExecStart` must name a binary that exists) and panics when it
+/// fails or warns about the unit.
+///
+/// # Panics
+/// When systemd-analyze is missing (Debian package systemd), fails, or names the unit.
+pub fn systemd_analyze_verify(unit: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("inferd.service");
+    std::fs::write(&path, unit).expect("write the unit");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (install the Debian package systemd)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(
+        !stderr.contains("inferd.service"),
+        "warnings about the unit: {stderr}"
+    );
+}
+
 /// A running daemon; killed on drop.
 pub struct Daemon {
     child: Child,

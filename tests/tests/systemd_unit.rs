@@ -1,9 +1,7 @@
 //! `configs/inferd.service` passes `systemd-analyze verify` (with `ExecStart` pointing at
 //! the built binary; scripts/test.sh installs systemd when the command is missing).
 
-use std::process::Command;
-
-use inferd_e2e::{inferd_binary, workspace_root};
+use inferd_e2e::{inferd_binary, systemd_analyze_verify, workspace_root};
 
 #[test]
 fn the_unit_file_passes_systemd_analyze_verify() {
@@ -21,22 +19,9 @@ fn the_unit_file_passes_systemd_analyze_verify() {
     ] {
         assert!(unit.contains(key), "the unit lacks {key}");
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("inferd.service");
     let unit = unit.replace(
         "/usr/local/bin/inferd",
         inferd_binary().to_str().expect("utf-8 path"),
     );
-    std::fs::write(&path, unit).expect("write");
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&path)
-        .output()
-        .expect("systemd-analyze (install the Debian package systemd)");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
-    assert!(
-        !stderr.contains("inferd.service"),
-        "warnings about the unit: {stderr}"
-    );
+    systemd_analyze_verify(&unit);
 }
