@@ -66,52 +66,45 @@ fi
 start=$(date +%s.%N)
 git clone -q "$repo" "$work/inferd"
 cloned=$(date +%s.%N)
-log="$work/run.log"
-# Its own process group, so the daemon that run.sh execs is stopped with it.
-setsid "${env_cmd[@]}" bash -c 'cd "$1" && exec scripts/run.sh --listen 127.0.0.1:0' _ "$work/inferd" \
-    >"$log" 2>&1 &
-daemon=$!
-addr=""
-while [[ -z $addr ]]; do
-    if ! kill -0 "$daemon" 2>/dev/null; then
-        echo "bench-first-run: scripts/run.sh ended before the daemon listened:" >&2
-        tail -n 30 "$log" >&2
-        exit 1
-    fi
-    addr=$(sed -n 's|^inferd: listening on ws://\(.*\)/v1/ws$|\1|p' "$log" | head -n 1)
-    sleep 0.2
-done
+# Starts scripts/run.sh in the clone with its output in $1, in its own process group (so
+# the daemon that run.sh execs is stopped with it; its pid in $daemon), and waits until
+# the daemon listens (its address in $addr).
+start_run() {
+    local log=$1
+    setsid "${env_cmd[@]}" bash -c 'cd "$1" && exec scripts/run.sh --listen 127.0.0.1:0' _ "$work/inferd" \
+        >"$log" 2>&1 &
+    daemon=$!
+    addr=""
+    while [[ -z $addr ]]; do
+        kill -0 "$daemon" 2>/dev/null || {
+            echo "bench-first-run: scripts/run.sh ended before the daemon listened ($log):" >&2
+            tail -n 30 "$log" >&2
+            exit 1
+        }
+        addr=$(sed -n 's|^inferd: listening on ws://\(.*\)/v1/ws$|\1|p' "$log" | head -n 1)
+        sleep 0.2
+    done
+}
+# Waits for the first streamed token: the first SSE data line with text. (grep stops
+# reading at the first match, which ends curl with SIGPIPE: not a failure.)
+first_token() {
+    { curl -sN "http://$addr/v1/completions" -H 'content-type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"stream":true}' || true; } |
+        grep -m 1 -q '"text":"[^"]'
+}
+
+start_run "$work/run.log"
 listening=$(date +%s.%N)
-# The first streamed token: the first SSE data line with text.
-# (grep stops reading at the first match, which ends curl with SIGPIPE: not a failure.)
-{ curl -sN "http://$addr/v1/completions" -H 'content-type: application/json' \
-    -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"stream":true}' || true; } |
-    grep -m 1 -q '"text":"[^"]'
+first_token
 first_token=$(date +%s.%N)
 
 # A second run in the same clone: what later runs cost (cargo and the plugins have
 # nothing to do, the model is there, the plugins come from the compile cache).
 kill -- -"$daemon" 2>/dev/null || true
 wait "$daemon" 2>/dev/null || true
-log2="$work/run2.log"
 again_start=$(date +%s.%N)
-setsid "${env_cmd[@]}" bash -c 'cd "$1" && exec scripts/run.sh --listen 127.0.0.1:0' _ "$work/inferd" \
-    >"$log2" 2>&1 &
-daemon=$!
-addr=""
-while [[ -z $addr ]]; do
-    kill -0 "$daemon" 2>/dev/null || {
-        echo "bench-first-run: the second scripts/run.sh ended before the daemon listened:" >&2
-        tail -n 30 "$log2" >&2
-        exit 1
-    }
-    addr=$(sed -n 's|^inferd: listening on ws://\(.*\)/v1/ws$|\1|p' "$log2" | head -n 1)
-    sleep 0.2
-done
-# (grep stops reading at the first match, which ends curl with SIGPIPE: not a failure.)
-{ curl -sN "http://$addr/v1/completions" -H 'content-type: application/json' \
-    -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0,"stream":true}' || true; } |
-    grep -m 1 -q '"text":"[^"]'
+start_run "$work/run2.log"
+first_token
 again=$(python3 -c "import time; print(time.time() - $again_start)")
 
 times="$work/inferd/target/run-times"
