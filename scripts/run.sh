@@ -35,12 +35,18 @@ record() {
     mv "$times.tmp" "$times"
 }
 # Runs step $1 in the background with its output in $logs/$1.log; the command follows.
-declare -A pids=() t0=()
+# The step writes its own duration to $logs/$1.seconds when it succeeds (what `finish`
+# records: the step's time, not how long the build kept it waiting).
+declare -A pids=()
 background() {
     local name=$1
     shift
-    t0[$name]=$SECONDS
-    "$@" >"$logs/$name.log" 2>&1 &
+    rm -f "$logs/$name.seconds"
+    (
+        t=$SECONDS
+        "$@" >"$logs/$name.log" 2>&1
+        echo $((SECONDS - t)) >"$logs/$name.seconds"
+    ) &
     pids[$name]=$!
 }
 # Waits for background step $1; on failure prints its log and exits.
@@ -51,7 +57,7 @@ finish() {
         cat "$logs/$name.log" >&2
         exit 1
     fi
-    record "$name" $((SECONDS - t0[$name]))
+    record "$name" "$(cat "$logs/$name.seconds")"
     grep -h '^build-plugins: skipping' "$logs/$name.log" >&2 || true
 }
 
