@@ -375,7 +375,17 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             ),
             400,
             "context_length_exceeded",
-            "64",
+            "the context window is 64 tokens",
+        ),
+        (
+            post(
+                &d,
+                "/v1/completions",
+                &json!({"prompt": "word ".repeat(80), "max_tokens": 1}),
+            ),
+            400,
+            "context_length_exceeded",
+            "but the context window is 64 tokens",
         ),
         (
             d.http("POST", "/v1/completions", &[], Some("{not json"))
@@ -394,7 +404,7 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             .expect("http"),
             413,
             "validation",
-            "server.max_message_bytes = 2048",
+            "the request body of 4013 bytes exceeds server.max_message_bytes = 2048 bytes",
         ),
         (
             d.http("GET", "/v1/chat/completions", &[], None)
@@ -435,6 +445,9 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
                 assert_eq!(p, Some("presence_penalty"))
             }
             ("messages", p) => assert_eq!(p, Some("messages")),
+            // OpenAI names the prompt's field for a prompt over the context window.
+            ("the context window is 64 tokens", p) => assert_eq!(p, Some("messages")),
+            ("but the context window is 64 tokens", p) => assert_eq!(p, Some("prompt")),
             ("unknown field \"foo\"", p) => assert_eq!(p, Some("foo")),
             (_, Some(p)) => assert!(message.starts_with(p), "{p} / {message}"),
             (_, None) => {}

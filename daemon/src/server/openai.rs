@@ -25,7 +25,7 @@ use super::openai_choices::{split_choice, with_index, Collected, Collector, Usag
 use super::openai_logprobs::{chat_logprobs, completion_logprobs};
 use super::{unix_now, Engine, State, Tracked};
 use crate::api::openai::{parse_body, BodyError, ResponseOptions};
-use crate::error::InferError;
+use crate::error::{ErrorKind, InferError};
 use crate::request::tools::fold_tool_calls;
 use crate::request::TokenLogprobs;
 use crate::request::{EventReceiver, FinishReason, StreamEvent, ToolCallDelta, Usage};
@@ -41,6 +41,27 @@ impl From<InferError> for Refusal {
     fn from(e: InferError) -> Self {
         Refusal(Box::new(http::infer_error(&e)))
     }
+}
+
+/// The refusal of a request error. A prompt over the context window gets OpenAI's
+/// `param` for it: `messages` on chat, `prompt` on completions (the scheduler that finds
+/// it does not know which endpoint the prompt came from).
+fn refusal(e: InferError, endpoint: Endpoint) -> Refusal {
+    if e.kind != ErrorKind::ContextLengthExceeded {
+        return e.into();
+    }
+    let (status, kind) = http::status_of(e.kind);
+    let param = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completion => "prompt",
+    };
+    Refusal(Box::new(http::error_with_param(
+        status,
+        kind,
+        e.kind.as_str(),
+        &e.message,
+        Some(param),
+    )))
 }
 
 impl From<BodyError> for Refusal {
@@ -121,9 +142,9 @@ async fn try_generate(
         let mut tracked = tracked;
         let first = rx.recv().await;
         if let Some(StreamEvent::Error(e)) = first {
-            let refusal = Refusal::from(e.clone());
+            let refused = refusal(e.clone(), endpoint);
             tracked.observe(&StreamEvent::Error(e));
-            return Err(refusal);
+            return Err(refused);
         }
         Ok(sse(reply, tracked, rx, first, &options))
     } else {
@@ -131,14 +152,20 @@ async fn try_generate(
     }
 }
 
-/// Reads the body, refusing one over `limit` bytes with 413.
+/// Reads the body, refusing one over `limit` bytes with 413. The message gives the size
+/// sent when the request declared it (`Content-Length`); a chunked body is cut off at
+/// the limit, so its size is unknown.
 pub(super) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Refusal> {
-    let too_large = || {
+    let too_large = |sent: Option<u64>| {
+        let size = match sent {
+            Some(n) => format!("of {n} bytes"),
+            None => format!("(more than {limit} bytes, chunked)"),
+        };
         Refusal(Box::new(http::error(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             "validation",
-            &format!("the request body exceeds server.max_message_bytes = {limit} bytes"),
+            &format!("the request body {size} exceeds server.max_message_bytes = {limit} bytes"),
         )))
     };
     let declared = req
@@ -146,8 +173,8 @@ pub(super) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<By
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        return Err(too_large(Some(n)));
     }
     let read = tokio::time::timeout(
         BODY_READ_TIMEOUT,
@@ -155,7 +182,7 @@ pub(super) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<By
     );
     match read.await {
         Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large(None)),
         Ok(Err(e)) => Err(invalid(format!("could not read the request body: {e}"))),
         Err(_) => Err(Refusal(Box::new(http::error(
             StatusCode::REQUEST_TIMEOUT,
@@ -493,7 +520,7 @@ async fn collect(
         tracked.observe(&event);
         let usage = match collector.push(event) {
             Collected::Pending => continue,
-            Collected::Failed(e) => return Err(e.into()),
+            Collected::Failed(e) => return Err(refusal(e, reply.endpoint)),
             Collected::Complete(usage) => usage,
         };
         let choices: Vec<Value> = collector
