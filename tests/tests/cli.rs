@@ -176,11 +176,13 @@ async fn a_scripted_session_keeps_the_conversation_and_obeys_reset_and_system() 
     );
 }
 
-/// Reads a child's pipe in a thread into a shared string.
-fn collect(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+/// Reads a child's pipe in a thread into a shared string; join the thread for all of it.
+fn collect(
+    mut pipe: impl Read + Send + 'static,
+) -> (Arc<Mutex<String>>, std::thread::JoinHandle<()>) {
     let buffer = Arc::new(Mutex::new(String::new()));
     let sink = buffer.clone();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         while let Ok(n) = pipe.read(&mut chunk) {
             if n == 0 {
@@ -191,7 +193,7 @@ fn collect(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
             }
         }
     });
-    buffer
+    (buffer, reader)
 }
 
 /// Waits until `buffer` satisfies `done` (60 s at most).
@@ -242,8 +244,8 @@ async fn ctrl_c_cancels_the_answer_and_the_session_goes_on() {
     .spawn()
     .expect("inferd-cli starts");
     let mut stdin = child.stdin.take().expect("stdin");
-    let stdout = collect(child.stdout.take().expect("stdout"));
-    let stderr = collect(child.stderr.take().expect("stderr"));
+    let (stdout, stdout_reader) = collect(child.stdout.take().expect("stdout"));
+    let (stderr, stderr_reader) = collect(child.stderr.take().expect("stderr"));
 
     let story = "Tell me a long story about a dragon.";
     writeln!(stdin, "{story}").expect("write");
@@ -267,6 +269,11 @@ async fn ctrl_c_cancels_the_answer_and_the_session_goes_on() {
         .expect("join")
         .expect("wait");
     assert!(exit.success(), "{exit}");
+    // The readers reach the pipes' ends after the exit; what they hold before that may
+    // lack the last lines (CI under load once missed the second stats line).
+    for reader in [stdout_reader, stderr_reader] {
+        reader.join().expect("a pipe reader");
+    }
     let (out, err) = (
         stdout.lock().map(|s| s.clone()).unwrap_or_default(),
         stderr.lock().map(|s| s.clone()).unwrap_or_default(),
