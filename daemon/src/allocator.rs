@@ -89,8 +89,7 @@ pub fn release_free_memory() -> bool {
 /// model's 512-token prefill this cut page faults ninefold and prefill time by about a
 /// tenth (docs/performance.md). The daemon sets it once the model is loaded (set
 /// before, the loader's freed temporaries stayed resident). What stays free is handed
-/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks: all of
-/// it because the daemon keeps one arena ([`use_one_arena`]). Returns whether glibc took both
+/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks. Returns whether glibc took both
 /// settings; does nothing (false) with jemalloc or another C library.
 pub fn keep_freed_buffers() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
@@ -100,31 +99,6 @@ pub fn keep_freed_buffers() -> bool {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
         }
-    }
-    #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
-    {
-        false
-    }
-}
-
-/// Puts every thread's allocations in glibc's main arena: `mallopt(M_ARENA_MAX, 1)`
-/// (mallopt(3)). Must run before the process starts its second thread: glibc fixes its
-/// arena limit when a thread first needs an arena of its own.
-///
-/// Why: [`keep_freed_buffers`] raises the trim threshold to 1 GiB, so a heap's free top
-/// is never shrunk on `free`, and [`release_free_memory`]'s `malloc_trim(0)` shrinks the
-/// top of the main arena only (glibc's `mtrim` calls `systrim` for `main_arena` alone;
-/// malloc/malloc.c). With one arena per thread, the free tops of the other threads'
-/// arenas (up to 64 MiB each, as many as eight per core) stayed resident: the two-hour
-/// soak's RSS floor rose 0.49 MB a minute while the bytes allocated stayed flat
-/// (docs/performance.md, section Soak). With one arena, every trim hands back all the
-/// free pages there are. Returns whether glibc took the setting; does nothing (false)
-/// with jemalloc or another C library.
-pub fn use_one_arena() -> bool {
-    #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: mallopt only changes the allocator's parameters, under its own lock.
-        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
     }
     #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
     {

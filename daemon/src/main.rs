@@ -59,8 +59,6 @@ fn parse_lora_module(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 fn main() -> ExitCode {
-    // Before any other thread exists (allocator::use_one_arena).
-    inferd::allocator::use_one_arena();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve {
