@@ -89,7 +89,10 @@ pub fn release_free_memory() -> bool {
 /// model's 512-token prefill this cut page faults ninefold and prefill time by about a
 /// tenth (docs/performance.md). The daemon sets it once the model is loaded (set
 /// before, the loader's freed temporaries stayed resident). What stays free is handed
-/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks. Returns whether glibc took both
+/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks, except
+/// the free tops of the arenas other than the main one: `malloc_trim` shrinks only the
+/// main arena's top, and `free` no longer shrinks any (the two-hour soak's slowly rising
+/// RSS floor; docs/performance.md, section Soak). Returns whether glibc took both
 /// settings; does nothing (false) with jemalloc or another C library.
 pub fn keep_freed_buffers() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
