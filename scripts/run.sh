@@ -44,7 +44,11 @@ background() {
     rm -f "$logs/$name.seconds"
     (
         t=$SECONDS
-        "$@" >"$logs/$name.log" 2>&1
+        "$@" >"$logs/$name.log" 2>&1 &
+        step=$!
+        # The EXIT trap below signals this subshell: pass it on to the step.
+        trap 'kill "$step" 2>/dev/null; exit 143' TERM
+        wait "$step"
         echo $((SECONDS - t)) >"$logs/$name.seconds"
     ) &
     pids[$name]=$!
