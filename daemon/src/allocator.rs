@@ -91,8 +91,8 @@ pub fn release_free_memory() -> bool {
 /// before, the loader's freed temporaries stayed resident). What stays free is handed
 /// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks, except
 /// the free tops of the arenas other than the main one: `malloc_trim` shrinks only the
-/// main arena's top, and `free` no longer shrinks any (the two-hour soak's slowly rising
-/// RSS floor; docs/performance.md, section Soak). Returns whether glibc took both
+/// main arena's top, and `free` no longer shrinks any, which is why the daemon keeps few
+/// arenas ([`bound_arenas`]). Returns whether glibc took both
 /// settings; does nothing (false) with jemalloc or another C library.
 pub fn keep_freed_buffers() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
@@ -102,6 +102,43 @@ pub fn keep_freed_buffers() -> bool {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
         }
+    }
+    #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+/// The most arenas glibc's malloc may keep for the daemon: one per core plus two, and
+/// at least four. The compute threads (one per core) keep an arena each in steady state
+/// and the daemon's other threads share the rest, where glibc's own limit is eight per
+/// core (mallopt(3), `M_ARENA_MAX`).
+pub fn arena_limit(cores: usize) -> usize {
+    (cores + 2).max(4)
+}
+
+/// Caps glibc's arenas at [`arena_limit`] for this machine's cores:
+/// `mallopt(M_ARENA_MAX, n)` (mallopt(3)). Must run before the process starts its second
+/// thread: glibc fixes its arena limit when a thread first needs an arena of its own.
+///
+/// Why: [`keep_freed_buffers`] raises the trim threshold to 1 GiB, so `free` never
+/// shrinks a heap's top, and [`release_free_memory`]'s `malloc_trim(0)` shrinks the top
+/// of the main arena only (glibc's `mtrim` calls `systrim` for `main_arena` alone;
+/// malloc/malloc.c). Every other arena keeps its free top, up to its heap's 64 MiB, at
+/// the highest point it reached. With glibc's default of eight arenas per core the
+/// daemon's threads spread over sixteen on 2 cores, whose tops kept reaching new highs
+/// for two hours: the soak's RSS floor rose 0.49 MB a minute while the bytes allocated
+/// stayed flat. One arena stopped that but cost 28 % of the 16-stream throughput on its
+/// lock (docs/performance.md, section Soak); a few arenas bound how much free top can
+/// stay resident without that queue. Returns whether glibc took the setting; does
+/// nothing (false) with jemalloc or another C library.
+pub fn bound_arenas() -> bool {
+    #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
+    {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let limit = libc::c_int::try_from(arena_limit(cores)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only changes the allocator's parameters, under its own lock.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, limit) == 1 }
     }
     #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
     {

@@ -59,6 +59,8 @@ fn parse_lora_module(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 fn main() -> ExitCode {
+    // Before any other thread exists (allocator::bound_arenas).
+    inferd::allocator::bound_arenas();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve {
