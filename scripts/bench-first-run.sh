@@ -97,6 +97,9 @@ start_run "$work/run.log"
 listening=$(date +%s.%N)
 first_token
 first_token=$(date +%s.%N)
+# run.sh's step times of this first run (the second run records its own over them).
+times="$work/run-times.first"
+cp "$work/inferd/target/run-times" "$times"
 
 # A second run in the same clone: what later runs cost (cargo and the plugins have
 # nothing to do, the model is there, the plugins come from the compile cache).
@@ -107,7 +110,6 @@ start_run "$work/run2.log"
 first_token
 again=$(python3 -c "import time; print(time.time() - $again_start)")
 
-times="$work/inferd/target/run-times"
 step() { awk -v n="$1" '$1 == n { print $2 }' "$times"; }
 python3 - "$out" "$start" "$cloned" "$listening" "$first_token" "$(step model)" "$(step plugins)" \
     "$(step build)" "$fresh" "$(nproc)" "$(git -C "$work/inferd" rev-parse HEAD)" "$again" <<'EOF'
