@@ -110,9 +110,10 @@ pub fn keep_freed_buffers() -> bool {
 }
 
 /// The most arenas glibc's malloc may keep for the daemon: one per core plus two, and
-/// at least four. The compute threads (one per core) keep an arena each in steady state
-/// and the daemon's other threads share the rest, where glibc's own limit is eight per
-/// core (mallopt(3), `M_ARENA_MAX`).
+/// at least four: room for an arena per compute thread (one per core) with the daemon's
+/// other threads sharing the rest (glibc gives threads arenas first come, so this is a
+/// bound, not an assignment), where glibc's own limit is eight per core (mallopt(3),
+/// `M_ARENA_MAX`).
 pub fn arena_limit(cores: usize) -> usize {
     (cores + 2).max(4)
 }
@@ -129,8 +130,8 @@ pub fn arena_limit(cores: usize) -> usize {
 /// daemon's threads spread over sixteen on 2 cores, whose tops kept reaching new highs
 /// for two hours: the soak's RSS floor rose 0.49 MB a minute while the bytes allocated
 /// stayed flat. One arena stopped that but cost 28 % of the 16-stream throughput on its
-/// lock (docs/performance.md, section Soak); a few arenas bound how much free top can
-/// stay resident without that queue. Returns whether glibc took the setting; does
+/// lock; four arenas cost nothing measurable and brought the rise to 0.18 MB a minute,
+/// not yet flat (docs/performance.md, section Soak). Returns whether glibc took the setting; does
 /// nothing (false) with jemalloc or another C library.
 pub fn bound_arenas() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
