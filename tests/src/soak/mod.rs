@@ -143,12 +143,13 @@ async fn stats(url: &str) -> Result<Value> {
 /// lowest reading over `settle`.
 async fn idle(pid: u32, addr: &str, settle: Duration) -> Result<Idle> {
     let end = Instant::now() + settle;
-    let (_, mut fds, mut threads) = probe::process(pid)?;
+    let first = probe::process(pid)?;
+    let (mut fds, mut threads) = (first.fds, first.threads);
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, f, t) = probe::process(pid)?;
-        fds = fds.min(f);
-        threads = threads.min(t);
+        let p = probe::process(pid)?;
+        fds = fds.min(p.fds);
+        threads = threads.min(p.threads);
     }
     let allocated_mb =
         probe::metric(&metrics(addr).await?, "inferd_allocator_allocated_bytes").map(|b| b / 1e6);

@@ -15,6 +15,11 @@ pub struct Sample {
     pub t_s: f64,
     /// Resident set size, MB (10^6 bytes; `VmRSS` of `/proc/PID/status`).
     pub rss_mb: f64,
+    /// The anonymous part of it, MB (`RssAnon`: the heap, stacks, the KV pool): what
+    /// the allocator keeps; `None` where the kernel does not report it.
+    pub rss_anon_mb: Option<f64>,
+    /// The file-backed part, MB (`RssFile`: the mapped model file and the binary).
+    pub rss_file_mb: Option<f64>,
     /// Open file descriptors (`/proc/PID/fd` entries).
     pub fds: usize,
     /// Threads (`/proc/PID/task` entries).
@@ -39,22 +44,47 @@ pub struct Sample {
     pub allocator_resident_mb: Option<f64>,
 }
 
-/// Resident set size in kB, open file descriptors and threads of process `pid`.
+/// What [`process`] reads of a process.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessFigures {
+    /// Resident set size, kB (`VmRSS`).
+    pub rss_kb: u64,
+    /// Its anonymous part, kB (`RssAnon`, Linux 4.5 and later).
+    pub rss_anon_kb: Option<u64>,
+    /// Its file-backed part, kB (`RssFile`).
+    pub rss_file_kb: Option<u64>,
+    /// Open file descriptors.
+    pub fds: usize,
+    /// Threads.
+    pub threads: usize,
+}
+
+/// The kB value of field `key` (e.g. `VmRSS:`) of a `/proc/PID/status` text.
+fn status_kb(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+}
+
+/// Resident set size (whole, anonymous, file-backed), open file descriptors and threads
+/// of process `pid` (proc(5), `/proc/PID/status`).
 ///
 /// # Errors
 /// When `/proc/PID` cannot be read (the process is gone, or not Linux).
-pub fn process(pid: u32) -> Result<(u64, usize, usize)> {
+pub fn process(pid: u32) -> Result<ProcessFigures> {
     let base = Path::new("/proc").join(pid.to_string());
     let status = std::fs::read_to_string(base.join("status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))?;
-    let fds = std::fs::read_dir(base.join("fd"))?.count();
-    let threads = std::fs::read_dir(base.join("task"))?.count();
-    Ok((rss_kb, fds, threads))
+    let rss_kb =
+        status_kb(&status, "VmRSS:").ok_or_else(|| anyhow!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(ProcessFigures {
+        rss_kb,
+        rss_anon_kb: status_kb(&status, "RssAnon:"),
+        rss_file_kb: status_kb(&status, "RssFile:"),
+        fds: std::fs::read_dir(base.join("fd"))?.count(),
+        threads: std::fs::read_dir(base.join("task"))?.count(),
+    })
 }
 
 /// Sum of the lengths of the regular files under `dir` (0 when it does not exist).
@@ -78,13 +108,16 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 /// # Errors
 /// When `/proc/PID` cannot be read.
 pub fn sample(t_s: f64, pid: u32, stats: &Value, metrics: &str, store: &Path) -> Result<Sample> {
-    let (rss_kb, fds, threads) = process(pid)?;
+    let p = process(pid)?;
     let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let mb = |kb: u64| kb as f64 * 1024.0 / 1e6;
     Ok(Sample {
         t_s,
-        rss_mb: rss_kb as f64 * 1024.0 / 1e6,
-        fds,
-        threads,
+        rss_mb: mb(p.rss_kb),
+        rss_anon_mb: p.rss_anon_kb.map(mb),
+        rss_file_mb: p.rss_file_kb.map(mb),
+        fds: p.fds,
+        threads: p.threads,
         kv_blocks_used: n(&stats["kv_blocks_used"]),
         running: n(&stats["running"]),
         waiting: n(&stats["waiting"]),
@@ -226,10 +259,14 @@ mod tests {
 
     #[test]
     fn this_process_has_memory_fds_and_threads() {
-        let (rss_kb, fds, threads) = process(std::process::id()).expect("own /proc");
-        assert!(rss_kb > 100, "{rss_kb}");
-        assert!(fds >= 3, "{fds}");
-        assert!(threads >= 1, "{threads}");
+        let p = process(std::process::id()).expect("own /proc");
+        assert!(p.rss_kb > 100, "{p:?}");
+        assert!(p.fds >= 3, "{p:?}");
+        assert!(p.threads >= 1, "{p:?}");
+        // The two parts add up to the whole (proc(5): VmRSS = RssAnon + RssFile + RssShmem).
+        if let (Some(a), Some(f)) = (p.rss_anon_kb, p.rss_file_kb) {
+            assert!(a > 0 && f > 0 && a + f <= p.rss_kb, "{p:?}");
+        }
     }
 
     #[test]
