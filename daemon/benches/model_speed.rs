@@ -179,8 +179,14 @@ fn bench(policy: MatrixPolicy, name: &'static str) -> Row {
     }
 }
 
+/// The daemon's allocator (src/main.rs), so that the forward passes' buffers are kept
+/// as in the daemon.
+#[cfg(all(not(feature = "jemalloc"), target_os = "linux"))]
+#[global_allocator]
+static GLOBAL: inferd::allocator::large::LargeFirst = inferd::allocator::large::LargeFirst;
+
 fn main() {
-    // As the daemon does at start (src/main.rs).
+    // As the daemon does once the model is loaded (src/app.rs).
     inferd::allocator::keep_freed_buffers();
     let threads = inferd::app::set_compute_threads(
         std::env::var("INFERD_BENCH_THREADS")

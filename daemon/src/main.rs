@@ -9,11 +9,17 @@ use inferd::config::CliOverrides;
 
 /// jemalloc with the `jemalloc` feature (off by default: it held RSS flat under the soak
 /// but cost decode and prefill speed on this machine; docs/performance.md, section
-/// Soak). The default is the C library's malloc, trimmed every
-/// [`inferd::allocator::TRIM_PERIOD`].
+/// Soak).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The default on Linux: the C library's malloc for small allocations, trimmed every
+/// [`inferd::allocator::TRIM_PERIOD`], and mappings of their own, reused, for those of
+/// 128 KiB and more (`inferd::allocator::large`).
+#[cfg(all(not(feature = "jemalloc"), target_os = "linux"))]
+#[global_allocator]
+static GLOBAL: inferd::allocator::large::LargeFirst = inferd::allocator::large::LargeFirst;
 
 /// inferd: a local LLM inference daemon streaming tokens over WebSocket.
 #[derive(Debug, Parser)]

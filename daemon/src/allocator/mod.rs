@@ -7,10 +7,16 @@
 //! (`tikv-jemallocator`, set in `src/main.rs`) and the figures are its `stats.allocated`
 //! and `stats.resident` (jemalloc(3), "MALLCTL NAMESPACE"), refreshed by advancing its
 //! epoch. Without it the allocator is the C library's; on glibc the figures come from
-//! `mallinfo2(3)`: allocated = `uordblks + hblkhd` (bytes in use in the arenas plus
-//! mmapped chunks), resident = `arena + hblkhd` (bytes obtained from the OS, free or
-//! not; an upper bound, since a freed page inside an arena may have been returned, and
-//! both count a large `calloc` such as the KV pool whole before its pages are touched).
+//! `mallinfo2(3)` plus [`large`]'s counts for the allocations of 128 KiB and more, which
+//! the daemon's allocator ([`large::LargeFirst`]) maps itself: allocated = `uordblks +
+//! hblkhd` (bytes in use in the arenas plus mmapped chunks) + the large mappings in use,
+//! resident = `arena + hblkhd` (bytes obtained from the OS, free or not) + the large
+//! mappings in use or cached. Resident is an upper bound, since a freed page inside an
+//! arena may have been returned, and both count a large zeroed allocation such as the
+//! KV pool whole before its pages are touched.
+
+#[cfg(all(not(feature = "jemalloc"), target_os = "linux"))]
+pub mod large;
 
 /// One reading of the allocator's statistics, bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,10 +48,11 @@ pub fn stats() -> Option<AllocatorStats> {
 pub fn stats() -> Option<AllocatorStats> {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let m = unsafe { libc::mallinfo2() };
+    let l = large::stats();
     Some(AllocatorStats {
         allocator: "glibc",
-        allocated: (m.uordblks + m.hblkhd) as u64,
-        resident: (m.arena + m.hblkhd) as u64,
+        allocated: (m.uordblks + m.hblkhd + l.live) as u64,
+        resident: (m.arena + m.hblkhd + l.live + l.cached) as u64,
     })
 }
 
@@ -67,13 +74,16 @@ pub const TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
 /// `malloc_trim(0)` (malloc_trim(3)): since glibc 2.8 it returns the free pages inside
 /// every arena, not only at the top of the main heap, which is what a 30-minute soak
 /// saw glibc keep: its RSS rose 0.95 MB a minute while the bytes allocated stayed flat
-/// (docs/performance.md, section Soak). jemalloc returns them by itself (decay), so
-/// there it does nothing. Returns whether memory was released (glibc's answer).
+/// (docs/performance.md, section Soak). With [`large::LargeFirst`] as the allocator it
+/// also unmaps the large buffers cached unused for a trim period
+/// ([`large::release_idle`]). jemalloc returns them by itself (decay), so there it does
+/// nothing. Returns whether memory was released.
 pub fn release_free_memory() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
     {
+        let unmapped = large::release_idle();
         // SAFETY: malloc_trim only takes the allocator's own locks.
-        unsafe { libc::malloc_trim(0) == 1 }
+        unsafe { libc::malloc_trim(0) == 1 || unmapped > 0 }
     }
     #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
     {
@@ -81,29 +91,22 @@ pub fn release_free_memory() -> bool {
     }
 }
 
-/// Lets glibc's malloc keep the large buffers of a forward pass (a micro-batch's
-/// projections are tens of MB each) in its heap once freed, instead of unmapping them
-/// and faulting fresh zeroed pages in for the next: `mallopt(M_MMAP_THRESHOLD, 256 MiB)`
-/// and `mallopt(M_TRIM_THRESHOLD, 1 GiB)` (mallopt(3); glibc otherwise raises the mmap
-/// threshold only up to 32 MiB, and trims a heap's top beyond twice it). On the 1.5B
-/// model's 512-token prefill this cut page faults ninefold and prefill time by about a
-/// tenth (docs/performance.md). The daemon sets it once the model is loaded (set
-/// before, the loader's freed temporaries stayed resident). What stays free is handed
-/// back by the trim thread ([`spawn_trimmer`]), so an idle daemon still shrinks, except
-/// the free tops of the arenas other than the main one: `malloc_trim` shrinks only the
-/// main arena's top, and `free` no longer shrinks any, which is why the daemon keeps few
-/// arenas ([`bound_arenas`]). Returns whether glibc took both
-/// settings; does nothing (false) with jemalloc or another C library.
+/// Keeps the forward passes' large buffers once freed, mapped and resident for the next
+/// pass, instead of unmapping them and faulting fresh zeroed pages in again
+/// ([`large::keep_freed`]; what stays unused for a trim period is unmapped by the trim
+/// thread). On the 1.5B model's 512-token prefill, keeping them cut page faults
+/// ninefold and prefill time by about a tenth (docs/performance.md, issue 35). The
+/// daemon calls it once the model is loaded (the loader's freed temporaries would
+/// otherwise stay resident until the trim thread's second pass). Returns whether
+/// freed buffers are now kept: false with jemalloc or off Linux, where the global
+/// allocator is not [`large::LargeFirst`].
 pub fn keep_freed_buffers() -> bool {
-    #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(not(feature = "jemalloc"), target_os = "linux"))]
     {
-        // SAFETY: mallopt only changes the allocator's parameters, under its own lock.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20) == 1
-                && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
-        }
+        large::keep_freed(true);
+        true
     }
-    #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu")))]
+    #[cfg(not(all(not(feature = "jemalloc"), target_os = "linux")))]
     {
         false
     }
@@ -122,17 +125,19 @@ pub fn arena_limit(cores: usize) -> usize {
 /// `mallopt(M_ARENA_MAX, n)` (mallopt(3)). Must run before the process starts its second
 /// thread: glibc fixes its arena limit when a thread first needs an arena of its own.
 ///
-/// Why: [`keep_freed_buffers`] raises the trim threshold to 1 GiB, so `free` never
-/// shrinks a heap's top, and [`release_free_memory`]'s `malloc_trim(0)` shrinks the top
-/// of the main arena only (glibc's `mtrim` calls `systrim` for `main_arena` alone;
-/// malloc/malloc.c). Every other arena keeps its free top, up to its heap's 64 MiB, at
-/// the highest point it reached. With glibc's default of eight arenas per core the
-/// daemon's threads spread over sixteen on 2 cores, whose tops kept reaching new highs
-/// for two hours: the soak's RSS floor rose 0.49 MB a minute while the bytes allocated
-/// stayed flat. One arena stopped that but cost 28 % of the 16-stream throughput on its
-/// lock; four arenas cost nothing measurable and brought the rise to 0.18 MB a minute,
-/// not yet flat (docs/performance.md, section Soak). Returns whether glibc took the setting; does
-/// nothing (false) with jemalloc or another C library.
+/// Why: each arena keeps free memory of its own, and `malloc_trim(0)`
+/// ([`release_free_memory`]) shrinks the top of the main arena only (glibc's `mtrim`
+/// calls `systrim` for `main_arena` alone; malloc/malloc.c); the others shrink their
+/// tops on `free`, beyond the trim threshold. While the daemon raised that threshold to
+/// 1 GiB to keep its forward passes' buffers (before [`large::LargeFirst`] took those
+/// out of glibc's heaps), every other arena kept its free top, up to its heap's 64 MiB.
+/// With glibc's default of eight arenas per core the daemon's threads spread over
+/// sixteen on 2 cores, whose tops kept reaching new highs for two hours: the soak's RSS
+/// floor rose 0.49 MB a minute while the bytes allocated stayed flat. One arena stopped
+/// that but cost 28 % of the 16-stream throughput on its lock; four arenas cost nothing
+/// measurable and brought the rise to 0.18 MB a minute (docs/performance.md, section
+/// Soak). Returns whether glibc took the setting; does nothing (false) with jemalloc or
+/// another C library.
 pub fn bound_arenas() -> bool {
     #[cfg(all(not(feature = "jemalloc"), target_os = "linux", target_env = "gnu"))]
     {
