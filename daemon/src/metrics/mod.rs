@@ -83,6 +83,7 @@ pub struct Metrics {
     spec_tokens_per_verification: Gauge,
     allocator_allocated: IntGaugeVec,
     allocator_resident: IntGaugeVec,
+    allocator_large: IntCounterVec,
     lora_requests: IntCounterVec,
     lora_info: GaugeVec,
     engines: EngineFamilies,
@@ -347,6 +348,18 @@ impl Metrics {
                     &["allocator"],
                 )?,
             ),
+            allocator_large: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "allocator_large_mappings_total",
+                        "Allocations of 128 KiB or more by what the allocator did: mapped \
+                         fresh (faulting its pages in), reused from its cache, or unmapped \
+                         (crate::allocator::large)",
+                    ),
+                    &["event"],
+                )?,
+            ),
             lora_requests: registered(
                 &r,
                 IntCounterVec::new(
@@ -450,6 +463,18 @@ impl Metrics {
             set(&self.allocator_allocated, a.allocated);
             set(&self.allocator_resident, a.resident);
         }
+        #[cfg(all(not(feature = "jemalloc"), target_os = "linux"))]
+        {
+            let l = crate::allocator::large::stats();
+            for (event, v) in [
+                ("mapped", l.mapped),
+                ("reused", l.reused),
+                ("unmapped", l.unmapped),
+            ] {
+                let c = self.allocator_large.with_label_values(&[event]);
+                c.inc_by((v as u64).saturating_sub(c.get()));
+            }
+        }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|e| format!("# metrics encoding failed: {e}\n"))
@@ -552,6 +577,15 @@ mod tests {
             };
             for family in ["allocated", "resident"] {
                 let want = format!("inferd_allocator_{family}_bytes{{allocator=\"{name}\"}} ");
+                assert!(
+                    text.lines().any(|l| l.starts_with(&want)),
+                    "no {want:?} in\n{text}"
+                );
+            }
+        }
+        if cfg!(all(not(feature = "jemalloc"), target_os = "linux")) {
+            for event in ["mapped", "reused", "unmapped"] {
+                let want = format!("inferd_allocator_large_mappings_total{{event=\"{event}\"}} ");
                 assert!(
                     text.lines().any(|l| l.starts_with(&want)),
                     "no {want:?} in\n{text}"
