@@ -94,8 +94,10 @@ pub fn release_free_memory() -> bool {
 /// Keeps the forward passes' large buffers once freed, mapped and resident for the next
 /// pass, instead of unmapping them and faulting fresh zeroed pages in again
 /// ([`large::keep_freed`]; what stays unused for a trim period is unmapped by the trim
-/// thread). On the 1.5B model's 512-token prefill, keeping them cut page faults
-/// ninefold and prefill time by about a tenth (docs/performance.md, issue 35). The
+/// thread). In the daemon this cut the 1.5B model's page faults per 580-token prefill
+/// from about 128,000 (glibc's own heaps, which unmap a free 64 MiB heap whatever the
+/// trim threshold) to 5,000, and its prefill ran 1.12× as fast (docs/performance.md,
+/// section Soak, "Large buffers out of glibc's heaps"). The
 /// daemon calls it once the model is loaded (the loader's freed temporaries would
 /// otherwise stay resident until the trim thread's second pass). Returns whether
 /// freed buffers are now kept: false with jemalloc or off Linux, where the global
