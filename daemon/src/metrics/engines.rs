@@ -67,10 +67,7 @@ impl EngineFamilies {
             g.with_label_values(&[e])
                 .set(i64::try_from(v).unwrap_or(i64::MAX));
         };
-        let up = |c: &IntCounterVec, e: &str, v: u64| {
-            let c = c.with_label_values(&[e]);
-            c.inc_by(v.saturating_sub(c.get()));
-        };
+        let up = |c: &IntCounterVec, e: &str, v: u64| super::follow(&c.with_label_values(&[e]), v);
         for (i, s) in engines.iter().enumerate() {
             let e = i.to_string();
             set(&self.running, &e, s.running);

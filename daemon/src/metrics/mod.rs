@@ -396,8 +396,10 @@ impl Metrics {
                 *by_name.entry(name).or_default() += total;
             }
             for (name, total) in by_name {
-                let c = self.lora_requests.with_label_values(&[name.as_str()]);
-                c.inc_by(total.saturating_sub(c.get()));
+                follow(
+                    &self.lora_requests.with_label_values(&[name.as_str()]),
+                    total,
+                );
             }
             // One series: its labels change with the adapters in use.
             self.lora_info.reset();
@@ -432,7 +434,6 @@ impl Metrics {
                 ])
                 .set(1);
             // The engine's counters only grow: move ours up to them.
-            let follow = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
             follow(&self.prefill_tokens, st.prompt_tokens_computed);
             follow(&self.kv_events_published, st.kv_events.published);
             follow(&self.kv_events_dropped, st.kv_events.dropped);
@@ -471,14 +472,19 @@ impl Metrics {
                 ("reused", l.reused),
                 ("unmapped", l.unmapped),
             ] {
-                let c = self.allocator_large.with_label_values(&[event]);
-                c.inc_by((v as u64).saturating_sub(c.get()));
+                follow(&self.allocator_large.with_label_values(&[event]), v as u64);
             }
         }
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|e| format!("# metrics encoding failed: {e}\n"))
     }
+}
+
+/// Moves counter `c` up to `total`, a figure kept elsewhere that only grows (a
+/// smaller `total` leaves `c` as it is: Prometheus counters never go down).
+pub(super) fn follow(c: &IntCounter, total: u64) {
+    c.inc_by(total.saturating_sub(c.get()));
 }
 
 static METRICS: LazyLock<Metrics> =
