@@ -2,7 +2,8 @@
 # Fetches the default model, builds the bundled Wasm plugins into target/plugins, and
 # starts the daemon on it (release build), with the default config. Extra arguments go
 # to `inferd serve` (e.g. --listen 127.0.0.1:9000; a non-loopback address also needs
-# server.api_key, see docs/http-api.md).
+# server.api_key, see docs/http-api.md); `--model PATH` skips the default model's fetch,
+# and `--config FILE` replaces configs/inferd.toml.
 #
 # The release build takes nearly all of a first run, so the model download and the
 # plugin build run beside it: the download waits on the network, and the plugin build
@@ -53,22 +54,41 @@ background() {
     ) &
     pids[$name]=$!
 }
-# Waits for background step $1; on failure prints its log and exits.
+# Waits for background step $1; on failure prints its log and exits, or with $2 = "warn"
+# prints its log and goes on.
 finish() {
     local name=$1
     if ! wait "${pids[$name]}"; then
         echo "run.sh: step '$name' failed; its output ($logs/$name.log):" >&2
         cat "$logs/$name.log" >&2
-        exit 1
+        [[ ${2:-} == warn ]] || exit 1
+        return 0
     fi
     record "$name" "$(cat "$logs/$name.seconds")"
     grep -h '^build-plugins: skipping' "$logs/$name.log" >&2 || true
 }
 
+# The user's --model replaces the default model (no fetch), and the user's --config
+# replaces configs/inferd.toml (the default model is still fetched, as that config may
+# name it, but a failed fetch is left for the daemon to report if it needs the file).
+own_model="" own_config=""
+for arg in "$@"; do
+    case "$arg" in
+    --model | --model=*) own_model=1 ;;
+    --config | --config=*) own_config=1 ;;
+    esac
+done
+config_args=(--config configs/inferd.toml)
+[[ -z $own_config ]] || config_args=()
+
 # A failed build leaves no background step running.
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-echo "run.sh: fetching the default model in the background (scripts/fetch-model.sh)$(last model)" >&2
-background model scripts/fetch-model.sh
+if [[ -z $own_model ]]; then
+    echo "run.sh: fetching the default model in the background (scripts/fetch-model.sh)$(last model)" >&2
+    background model scripts/fetch-model.sh
+else
+    echo "run.sh: --model given, so the default model is not fetched" >&2
+fi
 echo "run.sh: building the bundled plugins in the background, at low priority" \
     "(scripts/build-plugins.sh --served)$(last plugins)" >&2
 background plugins nice -n 19 scripts/build-plugins.sh --served
@@ -76,9 +96,12 @@ echo "run.sh: building the daemon and the CLI (cargo build --release)$(last buil
 t=$SECONDS
 cargo build --release -p inferd -p inferd-cli
 record build $((SECONDS - t))
-finish model
+if [[ -z $own_model ]]; then
+    if [[ -z $own_config ]]; then finish model; else finish model warn; fi
+fi
 finish plugins
+serve=(serve "${config_args[@]}" "$@")
 echo "run.sh: starting the daemon, $(human $((SECONDS - started))) after run.sh started" \
-    "(target/release/inferd serve)" >&2
+    "(target/release/inferd ${serve[*]})" >&2
 trap - EXIT
-exec "$target/release/inferd" serve --config configs/inferd.toml "$@"
+exec "$target/release/inferd" "${serve[@]}"

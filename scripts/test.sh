@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs every test: fetches the model, builds the bundled Wasm plugins (installing their
-# toolchains when missing), checks formatting, builds the binaries the end-to-end tests
+# Runs every test: checks formatting, fetches the models, builds the bundled Wasm plugins
+# (installing their toolchains when missing), builds the binaries the end-to-end tests
 # start and a Debian package of them (cargo-deb), runs unit and end-to-end tests over
 # the whole workspace, then clippy with warnings as errors (the daemon's workspace and
-# the plugins' own). Ends with one summary line "N passed, N failed".
+# the plugins' own). Once the tests ran, it ends with one summary line
+# "tests: N passed, N failed" (a set-up step that fails stops it before the tests).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# Formatting first: it needs nothing fetched or built, so a mistake shows in seconds.
+cargo fmt --all -- --check
+cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
+cargo fmt --manifest-path tests/dynamo-router/Cargo.toml -- --check
 scripts/fetch-model.sh
 # model_runner::gemma3_parity_tests runs the second real model (Gemma 3 270M Q4_K_M).
 scripts/fetch-model.sh gemma3
@@ -64,9 +69,6 @@ if ! cmp -s tests/node/package-lock.json target/k8s-node/package-lock.json ||
     cp tests/node/package.json tests/node/package-lock.json target/k8s-node/
     npm ci --prefix target/k8s-node --no-audit --no-fund --loglevel=error
 fi
-cargo fmt --all -- --check
-cargo fmt --manifest-path plugins/Cargo.toml --all -- --check
-cargo fmt --manifest-path tests/dynamo-router/Cargo.toml -- --check
 cargo build --workspace --bins
 # tests/tests/deb_package.rs checks the Debian package (docs/install.md), made of the
 # binaries just built (target/debian-dev/; a release package would add a release build).
@@ -85,13 +87,19 @@ INFERD_BINARY="$root/target/debug/inferd" cargo test --manifest-path tests/dynam
 # no_digits_js's matcher under plain Node (plugins/no_digits_js/test.mjs; node is there
 # since build-plugins.sh built the JavaScript plugins with it).
 node plugins/no_digits_js/test.mjs 2>&1 | tee -a "$log" || status=$?
-cargo clippy --workspace --all-targets -- -D warnings
+# Clippy after the tests; a failure fails the run but still leaves the summary below.
+clippy_failed=0
+cargo clippy --workspace --all-targets -- -D warnings || clippy_failed=1
 cargo clippy --manifest-path tests/dynamo-router/Cargo.toml --target-dir target/dynamo-router \
-    --all-targets -- -D warnings
+    --all-targets -- -D warnings || clippy_failed=1
 cargo clippy --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml \
-    --target-dir target/plugins-build -- -D warnings
+    --target-dir target/plugins-build -- -D warnings || clippy_failed=1
 # cargo's "test result:" lines and pytest's closing line ("N passed, N failed in Ts").
 awk '/^test result:/ || /^=* *[0-9]+ (passed|failed).* in [0-9.]+s/ {
          for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|error)/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+if ((clippy_failed)); then
+    echo "test.sh: clippy found warnings (above)" >&2
+    status=1
+fi
 exit "$status"
