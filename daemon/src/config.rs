@@ -206,6 +206,31 @@ fn describe(e: config::ConfigError) -> String {
     e.to_string()
 }
 
+/// `message` with the environment variable that set the key it is about, when one of
+/// `vars` did (`INFERD__SCHEDULER__FOO` for `scheduler.foo`): the `config` crate names
+/// only the key, and a key that no file holds leaves the user guessing where it came from.
+fn with_variable(message: String, vars: &[String]) -> String {
+    let from_env = vars.iter().find(|var| {
+        let Some(rest) = var.strip_prefix("INFERD__") else {
+            return false;
+        };
+        let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
+        let dotted = path.join(".");
+        match path.split_last() {
+            Some((leaf, parent)) if !parent.is_empty() => {
+                message.contains(&dotted)
+                    || (message.contains(&format!("`{leaf}`"))
+                        && message.contains(&format!("`{}`", parent.join("."))))
+            }
+            _ => message.contains(&format!("`{dotted}`")),
+        }
+    });
+    match from_env {
+        Some(var) => format!("{message} (set by the environment variable {var})"),
+        None => message,
+    }
+}
+
 /// Replaces a leading `~/` (or a bare `~`) of a path setting by `home`.
 ///
 /// # Errors
@@ -603,6 +628,11 @@ impl Settings {
     ) -> Result<Self, ConfigError> {
         let defaults = config::Config::try_from(&Settings::default())
             .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
+        // The variables' names, for messages about the keys they set.
+        let vars: Vec<String> = match &env {
+            Some(m) => m.keys().cloned().collect(),
+            None => std::env::vars().map(|(k, _)| k).collect(),
+        };
         let mut builder = config::Config::builder().add_source(defaults);
         if let Some(path) = file {
             if !path.is_file() {
@@ -637,10 +667,12 @@ impl Settings {
                 .set_override("server.listen", l.clone())
                 .map_err(|e| ConfigError(e.to_string()))?;
         }
-        let cfg = builder.build().map_err(|e| ConfigError(e.to_string()))?;
+        let cfg = builder
+            .build()
+            .map_err(|e| ConfigError(with_variable(e.to_string(), &vars)))?;
         let mut settings: Settings = cfg
             .try_deserialize()
-            .map_err(|e| ConfigError(describe(e)))?;
+            .map_err(|e| ConfigError(with_variable(describe(e), &vars)))?;
         let mut named = std::collections::HashSet::new();
         for (name, path) in &cli.lora_modules {
             if !named.insert(name) {
@@ -1039,6 +1071,19 @@ mod tests {
         )
         .expect("true");
         assert!(s.scheduler.prefix_caching);
+        // A key or value from the environment names its variable.
+        let e = Settings::load_with_env(
+            None,
+            &CliOverrides::default(),
+            env("INFERD__SCHEDULER__FOO", "1"),
+        )
+        .expect_err("unknown key");
+        assert!(e.to_string().contains("unknown field `foo`"), "{e}");
+        assert!(
+            e.to_string()
+                .ends_with(" (set by the environment variable INFERD__SCHEDULER__FOO)"),
+            "{e}"
+        );
         for (v, got) in [
             ("1", "integer 1"),
             ("yes", "string \"yes\""),

@@ -96,7 +96,15 @@ pub fn read_header(
         path: display.clone(),
         error,
     })?;
+    let len = file.metadata().map_or(u64::MAX, |m| m.len());
     let mut reader = BufReader::new(file);
+    if let Some(message) = magic_problem(&mut reader, len) {
+        return Err(ModelError::Corrupt {
+            path: display,
+            format,
+            message,
+        });
+    }
     match Content::read(&mut reader) {
         Ok(c) => Ok((c, reader)),
         Err(e) => {
@@ -108,13 +116,44 @@ pub fn read_header(
                     supported: inferd_kernels::GgmlType::SUPPORTED_NAMES,
                 });
             }
+            let found = candle_error_message(&e);
+            let message = if found.contains("failed to fill whole buffer") {
+                format!(
+                    "the file ({len} bytes) ends inside its header: truncated, or still \
+                     being copied? ({})",
+                    quote(&found)
+                )
+            } else {
+                quote(&found)
+            };
             Err(ModelError::Corrupt {
                 path: display,
                 format,
-                message: quote(&candle_error_message(&e)),
+                message,
             })
         }
     }
+}
+
+/// What is wrong with the start of a file of `len` bytes that should be GGUF (ggml's
+/// docs/gguf.md: the magic `GGUF`, then a version), or `None` when the magic is there.
+/// Reads nothing from `reader` (it only fills the buffer).
+fn magic_problem(reader: &mut BufReader<File>, len: u64) -> Option<String> {
+    const MAGIC: &[u8; 4] = b"GGUF";
+    if len < MAGIC.len() as u64 {
+        return Some(format!(
+            "the file is {len} bytes long; a GGUF file starts with the 4-byte magic \"GGUF\""
+        ));
+    }
+    let head = std::io::BufRead::fill_buf(reader).ok()?;
+    if head.len() < MAGIC.len() || &head[..MAGIC.len()] == MAGIC {
+        return None;
+    }
+    let shown = String::from_utf8_lossy(&head[..head.len().min(16)]);
+    Some(format!(
+        "it starts with {} where a GGUF file starts with \"GGUF\"",
+        quote(&shown)
+    ))
 }
 
 impl GgufSource {

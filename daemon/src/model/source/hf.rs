@@ -37,6 +37,18 @@ pub struct HfSource {
     norm_offset: f32,
 }
 
+/// The first `*.gguf` file name in `dir` (sorted), for the hint when a GGUF file's
+/// directory is given as the model.
+fn first_gguf(dir: &Path) -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".gguf"))
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
 fn json_file(path: &Path) -> Result<Value, ModelError> {
     let text = read_bounded(path, MAX_JSON_BYTES)?;
     serde_json::from_slice(&text).map_err(|e| ModelError::Corrupt {
@@ -53,6 +65,16 @@ impl HfSource {
     /// A missing or malformed file, an unknown architecture, a tensor in another dtype.
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
         let cfg_path = dir.join("config.json");
+        if !cfg_path.exists() {
+            if let Some(gguf) = first_gguf(dir) {
+                return Err(ModelError::Config(format!(
+                    "model.path: {} is a directory without config.json, so not a Hugging \
+                     Face model directory; it holds the GGUF file {}: give that file's path",
+                    dir.display(),
+                    quote(&gguf)
+                )));
+            }
+        }
         let config = json_file(&cfg_path)?;
         let class = config
             .get("architectures")

@@ -9,6 +9,8 @@ pub mod hf_vlm;
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod refusal_tests;
 
 use std::io::Read;
 use std::path::Path;
