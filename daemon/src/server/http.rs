@@ -380,6 +380,17 @@ fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) ->
     })
 }
 
+/// A header value as an error message quotes it: in double quotes with JSON-style
+/// escapes, bytes that are not UTF-8 replaced, cut after 64 characters.
+fn quoted(value: &[u8]) -> String {
+    const MAX_CHARS: usize = 64;
+    let text = String::from_utf8_lossy(value);
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(MAX_CHARS).collect();
+    let more = if chars.next().is_some() { "…" } else { "" };
+    format!("{head:?}{more}")
+}
+
 /// Answers a WebSocket handshake (RFC 6455 §4.2) and runs the session on the upgraded
 /// connection.
 fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) -> Response<Body> {
@@ -399,12 +410,10 @@ fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) ->
              (Connection: Upgrade, Upgrade: websocket)"
         ));
     }
-    if req
-        .headers()
-        .get(header::SEC_WEBSOCKET_VERSION)
-        .is_none_or(|v| v.as_bytes() != b"13")
-    {
-        let mut r = bad("Sec-WebSocket-Version must be 13");
+    let version = req.headers().get(header::SEC_WEBSOCKET_VERSION);
+    if version.is_none_or(|v| v.as_bytes() != b"13") {
+        let got = version.map_or_else(|| "none".to_owned(), |v| quoted(v.as_bytes()));
+        let mut r = bad(&format!("Sec-WebSocket-Version must be 13 (got {got})"));
         r.headers_mut().insert(
             header::SEC_WEBSOCKET_VERSION,
             HeaderValue::from_static("13"),
@@ -425,9 +434,13 @@ fn ws_upgrade(mut req: Request<Incoming>, state: &Rc<State>, engine: &Engine) ->
     // connection otherwise): the protocol's own, `inferd.v1`.
     let offer = ws_offer(&req);
     if offer.any && !offer.v1 {
+        let got = quoted(
+            subprotocol::offered_redacted(req.headers().get_all(header::SEC_WEBSOCKET_PROTOCOL))
+                .as_bytes(),
+        );
         return bad(&format!(
             "Sec-WebSocket-Protocol must include \"{}\" when subprotocols are offered \
-             (the API key goes in \"{}<base64url of the key>\")",
+             (got {got}; the API key goes in \"{}<base64url of the key>\")",
             subprotocol::PROTOCOL,
             subprotocol::KEY_PREFIX
         ));

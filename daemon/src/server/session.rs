@@ -115,7 +115,24 @@ where
                 break;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "websocket read error");
+                if let Some((code, reason)) = protocol_violation(&e) {
+                    // A frame broke RFC 6455: fail the connection (§7.1.7) with the code
+                    // §7.4.1 assigns and a reason naming what was wrong.
+                    tracing::warn!(
+                        code = u16::from(code),
+                        reason = %reason,
+                        error = %e,
+                        "websocket protocol error; closing the connection"
+                    );
+                    let _ = out_tx
+                        .send(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })))
+                        .await;
+                } else {
+                    tracing::debug!(error = %e, "websocket read error");
+                }
                 break;
             }
         };
@@ -152,6 +169,37 @@ where
     }
     drop(out_tx);
     let _ = writer.await;
+}
+
+/// The close code (RFC 6455 §7.4.1) and reason for a frame the client got wrong: 1007
+/// for a text message that is not UTF-8, 1002 for any other protocol violation. `None`
+/// for errors that are not the client's frames (I/O, a connection already gone).
+/// Reasons stay well under the 123 bytes a close frame has room for.
+fn protocol_violation(e: &WsError) -> Option<(CloseCode, String)> {
+    use tokio_tungstenite::tungstenite::error::ProtocolError as P;
+    let reason = match e {
+        WsError::Utf8(_) => {
+            return Some((
+                CloseCode::Invalid,
+                "text message (or close reason) is not valid UTF-8".into(),
+            ))
+        }
+        WsError::Protocol(p) => match p {
+            P::NonZeroReservedBits => "reserved bits set (no extension was negotiated)".into(),
+            P::UnmaskedFrameFromClient => "client frames must be masked".into(),
+            P::FragmentedControlFrame => "fragmented control frame".into(),
+            P::ControlFrameTooBig => "control frame payload over 125 bytes".into(),
+            P::UnknownControlFrameType(op) | P::UnknownDataFrameType(op) | P::InvalidOpcode(op) => {
+                format!("reserved opcode {op}")
+            }
+            P::UnexpectedContinueFrame => "continuation frame with no message to continue".into(),
+            P::ExpectedFragment(_) => "new data frame before the fragmented message ended".into(),
+            P::InvalidCloseSequence => "invalid close frame payload".into(),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some((CloseCode::Protocol, reason))
 }
 
 async fn handle_text(

@@ -46,6 +46,30 @@ pub fn parse<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Offer {
     offer
 }
 
+/// The offered subprotocols as an error message may show them back: every entry of
+/// every `Sec-WebSocket-Protocol` header, comma-separated, with the key of an
+/// `inferd.key.` entry left out (`inferd.key.…`).
+pub fn offered_redacted<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> String {
+    let entries: Vec<String> = values
+        .into_iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .flat_map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(|t| {
+                    if t.starts_with(KEY_PREFIX) {
+                        format!("{KEY_PREFIX}…")
+                    } else {
+                        t.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    entries.join(", ")
+}
+
 /// Decodes base64url (RFC 4648 §5) without padding, canonical only (the unused low
 /// bits of the last character zero); `None` for any other character, padding included,
 /// or an impossible length.
@@ -116,5 +140,22 @@ mod tests {
         // The match is exact: no case folding, no prefix match.
         let o = offer(&["Inferd.V1, inferd.v10"]);
         assert!(o.any && !o.v1);
+    }
+
+    #[test]
+    fn the_offer_is_shown_back_without_the_key() {
+        let shown = |values: &[&str]| {
+            let headers: Vec<HeaderValue> = values
+                .iter()
+                .map(|v| HeaderValue::from_str(v).expect("header"))
+                .collect();
+            offered_redacted(&headers)
+        };
+        assert_eq!(shown(&["chat, superchat"]), "chat, superchat");
+        assert_eq!(
+            shown(&[" chat ,inferd.key.dGVzdC1rZXktMDEyMw", "inferd.v2"]),
+            "chat, inferd.key.…, inferd.v2"
+        );
+        assert_eq!(shown(&[" , "]), "");
     }
 }
