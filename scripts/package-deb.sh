@@ -101,6 +101,8 @@ replace_line "$staging/inferd.toml" 'dir = "target/plugins"' 'dir = "/usr/lib/in
 replace_line "$staging/inferd.service" \
     'ExecStart=/usr/local/bin/inferd serve --config /etc/inferd/inferd.toml' \
     'ExecStart=/usr/bin/inferd serve --config /etc/inferd/inferd.toml'
+replace_line "$staging/inferd.service" 'Description=inferd LLM inference daemon' \
+    'Description=inferd LLM inference daemon\nDocumentation=file:///usr/share/doc/inferd/install.md'
 replace_line "$staging/inferd.service" 'DynamicUser=yes'
 replace_line "$staging/inferd.service" 'Environment=INFERD__PLUGINS__DIR=/var/lib/inferd/plugins'
 

@@ -171,6 +171,16 @@ fn control_data_scripts_and_file_list() {
     .into_iter()
     .map(|(p, m)| (p.to_string(), m.to_string()))
     .collect();
+    // README.md's links into docs/.
+    for doc in std::fs::read_dir(workspace_root().join("docs")).expect("docs") {
+        let name = doc.expect("entry").file_name().into_string().expect("utf-8");
+        if name.ends_with(".md") {
+            want.insert((
+                format!("/usr/share/doc/inferd/docs/{name}"),
+                "-rw-r--r--".into(),
+            ));
+        }
+    }
     for name in bundled_plugins() {
         want.insert((
             format!("/usr/lib/inferd/plugins/{name}.wasm"),
@@ -213,6 +223,7 @@ fn the_packaged_unit_and_config_are_the_repository_ones_with_package_paths() {
     }
     assert!(unit.contains("\nExecStart=/usr/bin/inferd serve --config /etc/inferd/inferd.toml\n"));
     assert!(unit.contains("\nUser=inferd\n") && unit.contains("\nStateDirectory=inferd\n"));
+    assert!(unit.contains("\nDocumentation=file:///usr/share/doc/inferd/install.md\n"));
     assert!(!unit.contains("DynamicUser") && !unit.contains("INFERD__PLUGINS__DIR"));
 
     // systemd-analyze verify, with ExecStart at the extracted binary.
