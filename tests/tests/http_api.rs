@@ -420,6 +420,12 @@ fn bad_requests_get_openai_errors_naming_the_field_and_the_daemon_goes_on() {
             "/nope",
         ),
         (
+            d.http("GET", "/v1/nope", &[], None).expect("http"),
+            404,
+            "not_found",
+            "/v1/models/{id}, /v1/load_lora_adapter, /v1/unload_lora_adapter, /v1/ws",
+        ),
+        (
             d.http("GET", "/v1/ws", &[], None).expect("http"),
             400,
             "validation",

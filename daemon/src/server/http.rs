@@ -171,8 +171,8 @@ fn not_found(path: &str) -> Response<Body> {
         "not_found",
         &format!(
             "no route {path}: the endpoints are / (the chat page), /v1/chat/completions, \
-             /v1/completions, /v1/models, {WS_PATH} (WebSocket), /health, /ready and \
-             /metrics"
+             /v1/completions, /v1/models, /v1/models/{{id}}, /v1/load_lora_adapter, \
+             /v1/unload_lora_adapter, {WS_PATH} (WebSocket), /health, /ready and /metrics"
         ),
     )
 }
