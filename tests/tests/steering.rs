@@ -265,7 +265,7 @@ async fn bad_steering_values_are_refused_on_both_edges() {
         (
             "logit_bias",
             json!({"49152": 1}),
-            "logit_bias key \"49152\" must be a token id below the vocabulary size 49152",
+            "logit_bias[\"49152\"] key must be a token id below the vocabulary size 49152 (got 49152)",
         ),
         (
             "logit_bias",
@@ -615,7 +615,7 @@ async fn constraints_that_cannot_be_enforced_are_refused() {
             json!({"type": "json_schema", "json_schema": {"schema": {"type": "string", "maxLenght": 3}}}),
             "response_format.json_schema.schema: keyword \"maxLenght\" at # is not one inferd enforces",
         ),
-        (json!({"type": "regex", "regex": "("}), "response_format.regex: "),
+        (json!({"type": "regex", "regex": "("}), "response_format.regex must be a valid regex: unclosed group (got \"(\")"),
         (json!({"type": "grammar", "grammar": "start: nothing_defined"}), "response_format.grammar: "),
         (json!({"type": "xml"}), "response_format.type must be one of text, json_object, json_schema, regex, grammar (got \"xml\")"),
         (json!({"type": "json_schema"}), "response_format.json_schema must be an object with a \"schema\""),

@@ -162,9 +162,13 @@ fn http_options(body: &GenerateBody, endpoint: Endpoint) -> Result<ResponseOptio
     let include_usage = match &body.stream_options {
         None => false,
         Some(_) if !stream => {
-            return Err(invalid(
-                "stream_options is only allowed with stream: true".into(),
-            ))
+            let given = match body.stream {
+                Some(_) => "stream: false",
+                None => "no stream",
+            };
+            return Err(invalid(format!(
+                "stream_options is only allowed with stream: true (got {given})"
+            )));
         }
         Some(Value::Object(o)) => {
             if let Some(k) = o.keys().find(|k| *k != "include_usage") {

@@ -474,9 +474,9 @@ fn parse_prompt_ids(items: &[Value], vocab_size: usize) -> VResult<Vec<u32>> {
 
 fn parse_prompt(v: &Value) -> VResult<String> {
     match v {
-        Value::String(s) if s.is_empty() => {
-            Err(InferError::validation("prompt must be a non-empty string"))
-        }
+        Value::String(s) if s.is_empty() => Err(InferError::validation(
+            "prompt must be a non-empty string (got \"\")",
+        )),
         Value::String(s) => Ok(s.clone()),
         other => Err(InferError::validation(format!(
             "prompt must be a string or an array of token ids (got {})",
@@ -625,7 +625,7 @@ fn parse_stop(v: &Value) -> VResult<Vec<String>> {
 fn stop_entry(field: &str, s: &str) -> VResult<String> {
     if s.is_empty() {
         return Err(InferError::validation(format!(
-            "{field} must be a non-empty string"
+            "{field} must be a string of 1 to {MAX_STOP_BYTES} bytes (got \"\")"
         )));
     }
     if s.len() > MAX_STOP_BYTES {

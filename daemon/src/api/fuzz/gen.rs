@@ -142,7 +142,8 @@ fn format() -> BoxedStrategy<Format> {
         Just(Format::JsonObject),
         (opt(text(8)), opt(any::<bool>()), schema)
             .prop_map(|(n, s, v)| Format::JsonSchema(n, s, v)),
-        nonempty(16).prop_map(Format::Regex),
+        // Literal text: a regex that does not parse is refused (`validate::steering`).
+        nonempty(16).prop_map(|t| Format::Regex(regex::escape(&t))),
         nonempty(16).prop_map(Format::Grammar),
     ]
     .boxed()

@@ -128,7 +128,7 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
         (chat(json!({"model": 4})), "model must be a string (got 4)"),
         (
             chat(json!({"stream_options": {"include_usage": true}})),
-            "stream_options is only allowed with stream: true",
+            "stream_options is only allowed with stream: true (got no stream)",
         ),
         (
             chat(json!({"stream": true, "stream_options": {"x": 1}})),
@@ -208,6 +208,47 @@ fn unsupported_values_unknown_fields_and_other_models_are_refused() {
         Endpoint::Completion
     )
     .is_ok());
+}
+
+/// Refusals that once lacked the value given: `stream_options` says which `stream` it
+/// came with, an empty completions prompt says it was empty.
+#[test]
+fn refusals_say_the_value_given() {
+    let cases = [
+        (
+            chat(json!({"stream_options": {"include_usage": true}})),
+            Endpoint::Chat,
+            "stream_options is only allowed with stream: true (got no stream)",
+        ),
+        (
+            chat(json!({"stream": null, "stream_options": {}})),
+            Endpoint::Chat,
+            "stream_options is only allowed with stream: true (got no stream)",
+        ),
+        (
+            chat(json!({"stream": false, "stream_options": {"include_usage": true}})),
+            Endpoint::Chat,
+            "stream_options is only allowed with stream: true (got stream: false)",
+        ),
+        (
+            json!({"prompt": "x", "stream": false, "stream_options": {}}),
+            Endpoint::Completion,
+            "stream_options is only allowed with stream: true (got stream: false)",
+        ),
+        (
+            json!({"prompt": ""}),
+            Endpoint::Completion,
+            "prompt must be a non-empty string (got \"\")",
+        ),
+        (
+            json!({"prompt": [""]}),
+            Endpoint::Completion,
+            "prompt must be a non-empty string (got \"\")",
+        ),
+    ];
+    for (body, ep, message) in cases {
+        assert_eq!(refusal(body.clone(), ep), message, "{body}");
+    }
 }
 
 /// Found by the edge fuzzer (`api::fuzz`): `{"messages": [...], "max_completion_tokens":

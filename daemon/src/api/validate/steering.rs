@@ -169,11 +169,15 @@ fn parse_response_format(v: &Value) -> VResult<Option<ConstraintSpec>> {
         }
         "json_schema" => {
             check_fields(obj, &["type", "json_schema"], "response_format")?;
-            let Some(Value::Object(js)) = obj.get("json_schema") else {
-                return Err(InferError::validation(
-                    "response_format.json_schema must be an object with a \"schema\" for type \
-                     json_schema",
-                ));
+            let js = match obj.get("json_schema") {
+                Some(Value::Object(js)) => js,
+                other => {
+                    return Err(InferError::validation(format!(
+                        "response_format.json_schema must be an object with a \"schema\" for \
+                         type json_schema (got {})",
+                        other.map_or("nothing".into(), quote)
+                    )))
+                }
             };
             check_fields(
                 js,
@@ -207,7 +211,9 @@ fn parse_response_format(v: &Value) -> VResult<Option<ConstraintSpec>> {
         }
         "regex" => {
             check_fields(obj, &["type", "regex"], "response_format")?;
-            Some(ConstraintSpec::Regex(text_field("regex")?))
+            let rx = text_field("regex")?;
+            check_regex(&rx)?;
+            Some(ConstraintSpec::Regex(rx))
         }
         "grammar" => {
             check_fields(obj, &["type", "grammar"], "response_format")?;
@@ -249,8 +255,8 @@ fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
         };
         if id >= vocab_size as u64 {
             return Err(InferError::validation(format!(
-                "logit_bias key {} must be a token id below the vocabulary size {vocab_size}",
-                quote_str(key)
+                "{field} key must be a token id below the vocabulary size {vocab_size} \
+                 (got {id})"
             )));
         }
         let (b, text) = number_value(&field, bias)?;
@@ -263,4 +269,31 @@ fn parse_logit_bias(v: &Value, vocab_size: usize) -> VResult<Vec<(u32, f32)>> {
     }
     out.sort_unstable_by_key(|&(id, _)| id);
     Ok(out)
+}
+
+/// `response_format.regex` parsed as llguidance parses it when the request is prepared
+/// (derivre on regex-syntax, the same parser and settings), so that a regex it cannot
+/// take is refused here, in one line quoting the client's regex. Left to llguidance,
+/// the error comes in several lines, about the grammar `start: /…/` it wraps the regex
+/// in, with a position in that grammar rather than in the client's text.
+fn check_regex(rx: &str) -> VResult<()> {
+    match llguidance::derivre::RegexBuilder::new().mk_regex(rx) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(InferError::validation(format!(
+            "response_format.regex must be a valid regex: {} (got {})",
+            regex_reason(&e.to_string()),
+            quote_str(rx)
+        ))),
+    }
+}
+
+/// The reason of a derivre regex error on one line: regex-syntax's `error: …` line
+/// (the last of its report, after the pattern and a caret under it), or derivre's own
+/// reason without the ` in regex /…/` it appends.
+fn regex_reason(report: &str) -> String {
+    let reason = match report.lines().rev().find_map(|l| l.strip_prefix("error: ")) {
+        Some(reason) => reason,
+        None => report.split(" in regex /").next().unwrap_or(report),
+    };
+    reason.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -38,6 +38,21 @@ fn invalid(v: Value, fragment: &str) -> ApiError {
     e
 }
 
+/// Asserts `v` is rejected as `validation` with exactly `message`.
+#[track_caller]
+fn refused(v: Value, message: &str) -> ApiError {
+    let e = err(&v.to_string());
+    assert_eq!(e.error.kind, ErrorKind::Validation, "{}", e.error.message);
+    assert_eq!(e.error.message, message);
+    e
+}
+
+/// The OpenAI `param` of a validation message: its first word (as the HTTP edge's
+/// `error_param` reads it), here for messages whose first word is a field path.
+fn first_word(message: &str) -> &str {
+    message.split_whitespace().next().unwrap_or("")
+}
+
 /// A valid raw-prompt generate frame with `extra` fields merged in.
 fn generate(extra: Value) -> Value {
     let mut base = json!({"type": "generate", "id": "r1", "prompt": "hi"});
@@ -209,9 +224,9 @@ fn prompt_rules() {
         input(generate(json!({"prompt": "Once upon"}))),
         PromptInput::Text("Once upon".into())
     );
-    invalid(
+    refused(
         generate(json!({"prompt": ""})),
-        "prompt must be a non-empty string",
+        "prompt must be a non-empty string (got \"\")",
     );
     invalid(
         generate(json!({"prompt": 3})),
@@ -706,13 +721,13 @@ fn stop_rules() {
         generate(json!({"stop": seventeen})),
         "stop must have at most 16 entries (got 17)",
     );
-    invalid(
+    refused(
         generate(json!({"stop": ""})),
-        "stop must be a non-empty string",
+        "stop must be a string of 1 to 512 bytes (got \"\")",
     );
-    invalid(
+    refused(
         generate(json!({"stop": ["a", ""]})),
-        "stop[1] must be a non-empty string",
+        "stop[1] must be a string of 1 to 512 bytes (got \"\")",
     );
     assert_eq!(
         sampling(generate(json!({"stop": "é".repeat(256)}))).stop[0].len(),
@@ -1173,9 +1188,21 @@ fn logit_bias_rules() {
         json!({"logit_bias": {"31999": 100, "5": -100, "2": 0.5}}),
     ));
     assert_eq!(s.logit_bias, vec![(2, 0.5), (5, -100.0), (31999, 100.0)]);
-    invalid(
+    // A key out of range and a value out of range name the entry alike (the `param`).
+    let key = refused(
         generate(json!({"logit_bias": {"32000": 1}})),
-        "logit_bias key \"32000\" must be a token id below the vocabulary size 32000",
+        "logit_bias[\"32000\"] key must be a token id below the vocabulary size 32000 (got 32000)",
+    );
+    assert_eq!(first_word(&key.error.message), "logit_bias[\"32000\"]");
+    let value = refused(
+        generate(json!({"logit_bias": {"5": 101}})),
+        "logit_bias[\"5\"] must be in [-100, 100] (got 101)",
+    );
+    assert_eq!(first_word(&value.error.message), "logit_bias[\"5\"]");
+    refused(
+        generate(json!({"logit_bias": {"99999999": 1}})),
+        "logit_bias[\"99999999\"] key must be a token id below the vocabulary size 32000 \
+         (got 99999999)",
     );
     invalid(
         generate(json!({"logit_bias": {"hello": 1}})),
@@ -1264,6 +1291,33 @@ fn response_format_rules() {
         .constraint,
         Some(ConstraintSpec::Regex("a+".into()))
     );
+    // A regex llguidance would refuse is refused here, in one line about the client's
+    // text, not in llguidance's lines about the grammar it wraps the regex in.
+    let e = refused(
+        generate(json!({"response_format": {"type": "regex", "regex": "(abc"}})),
+        "response_format.regex must be a valid regex: unclosed group (got \"(abc\")",
+    );
+    assert_eq!(first_word(&e.error.message), "response_format.regex");
+    refused(
+        generate(json!({"response_format": {"type": "regex", "regex": "a\n[b"}})),
+        "response_format.regex must be a valid regex: unclosed character class \
+         (got \"a\\n[b\")",
+    );
+    refused(
+        generate(json!({"response_format": {"type": "regex", "regex": "x\\bfoo"}})),
+        "response_format.regex must be a valid regex: lookarounds not supported yet; \
+         WordUnicode (got \"x\\\\bfoo\")",
+    );
+    for rx in ["(Paris|Lyon) [0-9]{2}", "^a/b$", "\\d{3}-\\w+", "é+\n"] {
+        assert_eq!(
+            sampling(generate(
+                json!({"response_format": {"type": "regex", "regex": rx}})
+            ))
+            .constraint,
+            Some(ConstraintSpec::Regex(rx.into())),
+            "{rx}"
+        );
+    }
     invalid(
         generate(json!({"response_format": {"type": "xml"}})),
         "response_format.type must be one of text, json_object, json_schema, regex, grammar (got \"xml\")",
@@ -1277,6 +1331,26 @@ fn response_format_rules() {
             json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "extra": 1}}}),
         ),
         "unknown field \"extra\" in response_format.json_schema",
+    );
+    refused(
+        generate(json!({"response_format": {"type": "json_schema"}})),
+        "response_format.json_schema must be an object with a \"schema\" for type json_schema \
+         (got nothing)",
+    );
+    refused(
+        generate(
+            json!({"response_format": {"type": "json_schema", "json_schema": "x".repeat(100)}}),
+        ),
+        &format!(
+            "response_format.json_schema must be an object with a \"schema\" for type \
+             json_schema (got \"{}…)",
+            "x".repeat(63)
+        ),
+    );
+    refused(
+        generate(json!({"response_format": {"type": "json_schema", "json_schema": null}})),
+        "response_format.json_schema must be an object with a \"schema\" for type json_schema \
+         (got null)",
     );
     invalid(
         generate(json!({"response_format": {"type": "grammar"}})),
