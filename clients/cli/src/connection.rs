@@ -80,9 +80,17 @@ impl Connection {
         // scheme's default port (80) instead: refuse it here.
         let scheme = request.uri().scheme_str().unwrap_or("");
         if !matches!(scheme, "ws" | "wss") {
+            // The daemon's HTTP address is the one users see first: name its WebSocket.
+            let hint = match (scheme, request.uri().authority()) {
+                ("http" | "https", Some(a)) => {
+                    let ws = if scheme == "https" { "wss" } else { "ws" };
+                    format!("; the daemon's WebSocket there is {ws}://{a}/v1/ws")
+                }
+                _ => String::new(),
+            };
             return Err(failed(
                 "client",
-                format!("--url {url}: the scheme must be ws or wss (got {scheme:?})"),
+                format!("--url {url}: the scheme must be ws or wss (got {scheme:?}){hint}"),
             )
             .into());
         }
@@ -218,7 +226,13 @@ mod tests {
         assert_eq!(e.tag, "client", "{}", e.message);
         assert_eq!(
             e.message,
-            "--url http://127.0.0.1:1/v1/ws: the scheme must be ws or wss (got \"http\")"
+            "--url http://127.0.0.1:1/v1/ws: the scheme must be ws or wss (got \"http\"); \
+             the daemon's WebSocket there is ws://127.0.0.1:1/v1/ws"
+        );
+        let e = open_error("ftp://127.0.0.1:1/", None).await;
+        assert_eq!(
+            e.message,
+            "--url ftp://127.0.0.1:1/: the scheme must be ws or wss (got \"ftp\")"
         );
         for key in ["s\u{e9}cret", "sec ret", "sec\nret"] {
             let e = open_error("ws://127.0.0.1:1/v1/ws", Some(key)).await;

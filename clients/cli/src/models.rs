@@ -52,10 +52,16 @@ pub fn target(url: &str) -> Result<Target, OpenError> {
             ))
         }
         other => {
+            let hint = match (other, uri.authority()) {
+                (Some("http"), Some(a)) => {
+                    format!("; the daemon's WebSocket there is ws://{a}/v1/ws")
+                }
+                _ => String::new(),
+            };
             return Err(failed(format!(
-                "the scheme must be ws (got {:?})",
+                "the scheme must be ws (got {:?}){hint}",
                 other.unwrap_or("")
-            )))
+            )));
         }
     }
     let authority = uri.authority().map_or("", |a| a.as_str());
@@ -336,7 +342,11 @@ mod tests {
         );
         for (url, message) in [
             ("wss://h/v1/ws", "no TLS"),
-            ("http://h:1/v1/ws", "the scheme must be ws (got \"http\")"),
+            (
+                "http://h:1/v1/ws",
+                "the scheme must be ws (got \"http\"); the daemon's WebSocket there is \
+                 ws://h:1/v1/ws",
+            ),
             (
                 "ws://h:99999/v1/ws",
                 "the port must be 1 to 65535 (got 99999)",
