@@ -199,10 +199,9 @@ impl GrammarCompiler {
         field: &str,
         eog: &[u32],
     ) -> Result<Constraint, InferError> {
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| InferError::validation(format!("{field}: {e}")))?;
+        let parser = self.factory.create_parser(grammar).map_err(|e| {
+            InferError::validation(format!("{field}: {}", one_line(&e.to_string())))
+        })?;
         Ok(Constraint {
             matcher: Matcher::new(Ok(parser)),
             eos: self.eos,
@@ -389,6 +388,18 @@ impl LogitsProcessor for Constraint {
     }
 }
 
+/// llguidance's message on one line: its lines (a source excerpt under a caret, a
+/// cause) joined by "; ", blank ones dropped, so an error frame and the daemon's
+/// one-line log records stay one line each.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +428,22 @@ mod tests {
         let mut logits = vec![0.0f32; 260];
         c.apply(&ctx(), &mut logits).expect("apply");
         (0..260u32).filter(|&i| logits[i as usize] == 0.0).collect()
+    }
+
+    #[test]
+    fn llguidance_errors_come_out_on_one_line() {
+        let (comp, eos) = compiler();
+        for spec in [
+            ConstraintSpec::Grammar("start: foo\nfoo: \"a\" (\n".into()),
+            ConstraintSpec::Regex("(abc".into()),
+        ] {
+            let Err(e) = comp.compile(&spec, &[eos]) else {
+                panic!("{spec:?} compiled");
+            };
+            assert!(!e.message.contains('\n'), "{:?}", e.message);
+            assert!(e.message.starts_with("response_format."), "{:?}", e.message);
+        }
+        assert_eq!(one_line("a\n  ^\n\nb "), "a; ^; b");
     }
 
     #[test]
