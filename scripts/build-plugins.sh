@@ -278,4 +278,6 @@ for f in "${built[@]}"; do
         grep -Eqx '\s*export inferd:plugin/(logits-processor|context-processor|sampler)@[0-9.]+;' <<<"$exports" ||
         die "$f: must export exactly one of inferd:plugin/logits-processor, context-processor, sampler; found:"$'\n'"$exports"
 done
-note "$((${#built[@]} - n_test)) plugins in $OUT, $((n_test - ${#lang_built[@]})) test-only in $TEST_OUT, all in $E2E_OUT; ${#lang_built[@]} Python/JavaScript in ${E2E_LANG_PLUGINS_OUT:-(skipped)}; imports checked"
+lang_note="${#lang_built[@]} Python/JavaScript in ${E2E_LANG_PLUGINS_OUT:-}"
+[[ -n ${E2E_LANG_PLUGINS_OUT:-} ]] || lang_note="Python/JavaScript skipped"
+note "$((${#built[@]} - n_test)) plugins in $OUT, $((n_test - ${#lang_built[@]})) test-only in $TEST_OUT, all in $E2E_OUT; $lang_note; imports checked"
