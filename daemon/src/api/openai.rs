@@ -88,8 +88,12 @@ pub fn parse_body(
     defaults: &SamplingDefaults,
     vocab_size: usize,
 ) -> Result<(GenerateRequest, ResponseOptions), BodyError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| invalid(format!("malformed JSON in the request body: {e}")))?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        invalid(format!(
+            "malformed JSON in the request body: {}",
+            super::validate::json_error(&e)
+        ))
+    })?;
     let mut body = read_body(&value, endpoint)?;
     let options = http_options(&body, endpoint)?;
     // A `model` other than the base's names a LoRA adapter; whether one of that name

@@ -102,6 +102,22 @@ pub fn is_request_field(name: &str) -> bool {
         .any(|l| l.contains(&name))
 }
 
+/// serde_json's parse error, with a hint where its own words mislead: a `\uD800`–`\uDFFF`
+/// escape not followed by the other half of its UTF-16 surrogate pair (RFC 8259 §7;
+/// Python's `json.dumps` writes such escapes for lone surrogates) is reported by
+/// serde_json as a problem with the hex escape itself.
+pub fn json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if text.contains("hex escape") || text.contains("surrogate") {
+        format!(
+            "{text} (a \\uD800-\\uDFFF escape must be one half of a UTF-16 surrogate \
+             pair, followed or preceded by the other half)"
+        )
+    } else {
+        text
+    }
+}
+
 /// Parses and validates one client text frame.
 ///
 /// `defaults` fill the sampling fields a `generate` leaves out; an absent `seed` is
@@ -115,7 +131,7 @@ pub fn parse_client_message(
 ) -> Result<ClientMessage, ApiError> {
     let value: Value = serde_json::from_str(frame).map_err(|e| ApiError {
         id: None,
-        error: InferError::validation(format!("malformed JSON: {e}")),
+        error: InferError::validation(format!("malformed JSON: {}", json_error(&e))),
     })?;
     let Value::Object(obj) = &value else {
         return Err(ApiError {

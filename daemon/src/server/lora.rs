@@ -52,8 +52,12 @@ fn fields(
     required: &[&str],
     optional: &[&str],
 ) -> Result<Vec<Option<String>>, String> {
-    let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| format!("malformed JSON in the request body: {e}"))?;
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| {
+        format!(
+            "malformed JSON in the request body: {}",
+            crate::api::validate::json_error(&e)
+        )
+    })?;
     let Value::Object(o) = v else {
         return Err("the request body must be a JSON object".into());
     };

@@ -109,6 +109,27 @@ fn malformed_json_names_the_position() {
 }
 
 #[test]
+fn a_lone_surrogate_escape_is_explained() {
+    let e = err(r#"{"type": "tokenize", "id": "t", "text": "bad \ud800 half"}"#);
+    assert!(
+        e.error.message.starts_with("malformed JSON: ")
+            && e.error.message.ends_with(
+                "(a \\uD800-\\uDFFF escape must be one half of a UTF-16 surrogate pair, \
+                 followed or preceded by the other half)"
+            ),
+        "{}",
+        e.error.message
+    );
+    // A surrogate pair is fine.
+    let e = err(r#"{"type": "tokenize", "id": "t", "text": "\ud83d\ude00", "x": 1}"#);
+    assert!(
+        !e.error.message.contains("surrogate"),
+        "{}",
+        e.error.message
+    );
+}
+
+#[test]
 fn frame_must_be_an_object() {
     for frame in ["[1,2]", "\"generate\"", "5", "null", "true"] {
         let e = err(frame);
