@@ -173,7 +173,11 @@ fn control_data_scripts_and_file_list() {
     .collect();
     // README.md's links into docs/.
     for doc in std::fs::read_dir(workspace_root().join("docs")).expect("docs") {
-        let name = doc.expect("entry").file_name().into_string().expect("utf-8");
+        let name = doc
+            .expect("entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8");
         if name.ends_with(".md") {
             want.insert((
                 format!("/usr/share/doc/inferd/docs/{name}"),
