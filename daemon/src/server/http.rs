@@ -380,15 +380,12 @@ fn header_has(req: &Request<Incoming>, name: header::HeaderName, token: &str) ->
     })
 }
 
-/// A header value as an error message quotes it: in double quotes with JSON-style
-/// escapes, bytes that are not UTF-8 replaced, cut after 64 characters.
+/// A header value as an error message quotes it ([`crate::api::validate::quote`]: a
+/// JSON string, bytes that are not UTF-8 replaced, cut to a readable length).
 fn quoted(value: &[u8]) -> String {
-    const MAX_CHARS: usize = 64;
-    let text = String::from_utf8_lossy(value);
-    let mut chars = text.chars();
-    let head: String = chars.by_ref().take(MAX_CHARS).collect();
-    let more = if chars.next().is_some() { "…" } else { "" };
-    format!("{head:?}{more}")
+    crate::api::validate::quote(&serde_json::Value::String(
+        String::from_utf8_lossy(value).into_owned(),
+    ))
 }
 
 /// Answers a WebSocket handshake (RFC 6455 §4.2) and runs the session on the upgraded

@@ -27,13 +27,7 @@ pub struct Offer {
 /// Reads every `Sec-WebSocket-Protocol` header value (each a comma-separated list).
 pub fn parse<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Offer {
     let mut offer = Offer::default();
-    let entries = values
-        .into_iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    for entry in entries {
+    for entry in entries(values) {
         offer.any = true;
         if entry == PROTOCOL {
             offer.v1 = true;
@@ -46,28 +40,31 @@ pub fn parse<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Offer {
     offer
 }
 
-/// The offered subprotocols as an error message may show them back: every entry of
-/// every `Sec-WebSocket-Protocol` header, comma-separated, with the key of an
-/// `inferd.key.` entry left out (`inferd.key.…`).
-pub fn offered_redacted<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> String {
-    let entries: Vec<String> = values
+/// The entries of every `Sec-WebSocket-Protocol` header value, trimmed, empty ones
+/// dropped; a value that is not visible ASCII offers nothing.
+fn entries<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> impl Iterator<Item = &'a str> {
+    values
         .into_iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .flat_map(|s| {
-            s.split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(|t| {
-                    if t.starts_with(KEY_PREFIX) {
-                        format!("{KEY_PREFIX}…")
-                    } else {
-                        t.to_owned()
-                    }
-                })
-                .collect::<Vec<_>>()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// The offered subprotocols as an error message may show them back: the [`parse`]d
+/// entries, comma-separated, with the key of an `inferd.key.` entry left out
+/// (`inferd.key.…`).
+pub fn offered_redacted<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> String {
+    entries(values)
+        .map(|t| {
+            if t.starts_with(KEY_PREFIX) {
+                format!("{KEY_PREFIX}…")
+            } else {
+                t.to_owned()
+            }
         })
-        .collect();
-    entries.join(", ")
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Decodes base64url (RFC 4648 §5) without padding, canonical only (the unused low
